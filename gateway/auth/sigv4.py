@@ -1,0 +1,238 @@
+"""AWS Signature Version 4 verification (headers and presigned URLs).
+
+The canonical request is rebuilt from what arrived on the wire: the path is
+decoded and re-encoded with S3's rules (S3 does not double-encode), query
+parameters are decoded, encoded again and sorted, and signed headers are
+trimmed and joined. Only the HMAC chain depends on the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import time
+from calendar import timegm
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from urllib.parse import quote, unquote
+
+from multidict import CIMultiDictProxy
+
+from storage_server.errors import ErrorCode, S3Error
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+MAX_PRESIGN_EXPIRES = 7 * 24 * 3600
+_SPACES = re.compile(r"\s+")
+_AUTH_RE = re.compile(
+    r"AWS4-HMAC-SHA256\s+Credential=(?P<cred>[^,\s]+)\s*,\s*SignedHeaders=(?P<signed>[^,\s]+)\s*,\s*Signature=(?P<sig>[0-9a-f]{64})\s*$"
+)
+
+
+class PayloadMode(Enum):
+    """How the request body is protected (value of ``x-amz-content-sha256``)."""
+
+    SIGNED = "signed"  # hex SHA-256 of the whole body
+    UNSIGNED = "UNSIGNED-PAYLOAD"
+    STREAMING_SIGNED = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+    STREAMING_SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
+    STREAMING_UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.value.startswith("STREAMING-")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+    tenant: str
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """Who signed the request, and what the body decoder needs to keep verifying."""
+
+    tenant: str
+    access_key: str
+    payload_mode: PayloadMode
+    payload_sha256: str | None  # for SIGNED
+    signing_key: bytes
+    seed_signature: str
+    amz_date: str
+    scope: str
+
+
+def uri_encode(s: str, safe: str = "-_.~") -> str:
+    return quote(s, safe=safe)
+
+
+@lru_cache(maxsize=1024)
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    k = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
+    for part in (region, service, "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    return k
+
+
+def hmac_hex(key: bytes, msg: str) -> str:
+    return hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_query(raw_query: str) -> list[tuple[str, str]]:
+    """Decode ``a=1&b`` into pairs, keeping order and blanks (``+`` is literal in S3)."""
+    pairs = []
+    for item in raw_query.split("&"):
+        if not item:
+            continue
+        k, _, v = item.partition("=")
+        pairs.append((unquote(k), unquote(v)))
+    return pairs
+
+
+def canonical_query(pairs: list[tuple[str, str]], exclude: str | None = None) -> str:
+    enc = sorted((uri_encode(k), uri_encode(v)) for k, v in pairs if k != exclude)
+    return "&".join(f"{k}={v}" for k, v in enc)
+
+
+def canonical_headers(headers: CIMultiDictProxy[str] | Mapping[str, str], signed: list[str]) -> str:
+    lines = []
+    for name in signed:
+        values = headers.getall(name, []) if hasattr(headers, "getall") else [headers.get(name, "")]
+        if not values:
+            raise S3Error(ErrorCode.AccessDenied, f"Header {name!r} is signed but missing from the request.")
+        lines.append(f"{name}:{','.join(_SPACES.sub(' ', v.strip()) for v in values)}\n")
+    return "".join(lines)
+
+
+def string_to_sign(amz_date: str, scope: str, canonical_request: str) -> str:
+    return "\n".join([ALGORITHM, amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()])
+
+
+def parse_amz_date(s: str) -> float:
+    try:
+        return float(timegm(time.strptime(s, "%Y%m%dT%H%M%SZ")))
+    except ValueError:
+        raise S3Error(ErrorCode.AccessDenied, f"Invalid X-Amz-Date {s!r}; expected format YYYYMMDD'T'HHMMSS'Z'.") from None
+
+
+def _parse_scope(credential: str, amz_date: str, error: ErrorCode) -> tuple[str, str, str, str]:
+    parts = credential.split("/")
+    if len(parts) != 5 or parts[4] != "aws4_request":
+        raise S3Error(error, f"Credential {credential!r} is not of the form AK/date/region/s3/aws4_request.")
+    access_key, date, region, service, _ = parts
+    if service != "s3":
+        raise S3Error(error, f"Credential should be scoped to the 's3' service, not {service!r}.")
+    if date != amz_date[:8]:
+        raise S3Error(error, f"Credential date {date!r} does not match X-Amz-Date {amz_date[:8]!r}.")
+    return access_key, date, region, "/".join(parts[1:])
+
+
+class SigV4Verifier:
+    """Verifies requests against a credentials lookup."""
+
+    def __init__(self, lookup, max_skew_s: float = 900.0, clock=time.time) -> None:
+        self._lookup = lookup  # access_key -> Credentials | None
+        self.max_skew_s = max_skew_s
+        self._clock = clock
+
+    def _credentials(self, access_key: str) -> Credentials:
+        creds = self._lookup(access_key)
+        if creds is None:
+            raise S3Error(ErrorCode.InvalidAccessKeyId, extra={"AWSAccessKeyId": access_key})
+        return creds
+
+    def verify(self, method: str, raw_path: str, raw_query: str, headers: CIMultiDictProxy[str]) -> AuthResult:
+        auth = headers.get("Authorization")
+        if auth is not None:
+            return self._verify_header(method, raw_path, raw_query, headers, auth)
+        if "X-Amz-Signature=" in raw_query or "X-Amz-Credential=" in raw_query:
+            return self._verify_presigned(method, raw_path, raw_query, headers)
+        raise S3Error(ErrorCode.AccessDenied, "Anonymous access is not allowed; sign the request with SigV4.")
+
+    @staticmethod
+    def _canonical_uri(raw_path: str) -> str:
+        return uri_encode(unquote(raw_path), safe="/-_.~")
+
+    def _verify_header(self, method, raw_path, raw_query, headers, auth: str) -> AuthResult:
+        if auth.startswith("AWS "):
+            raise S3Error(ErrorCode.InvalidRequest, "Signature Version 2 is not supported; use AWS4-HMAC-SHA256.")
+        m = _AUTH_RE.match(auth.strip())
+        if m is None:
+            raise S3Error(ErrorCode.AuthorizationHeaderMalformed, f"The authorization header is malformed: {auth[:120]!r}")
+        amz_date = headers.get("x-amz-date") or ""
+        if not amz_date:
+            raise S3Error(ErrorCode.AccessDenied, "AWS authentication requires a valid Date or x-amz-date header")
+        access_key, date, region, scope = _parse_scope(m["cred"], amz_date, ErrorCode.AuthorizationHeaderMalformed)
+        creds = self._credentials(access_key)
+        request_time = parse_amz_date(amz_date)
+        if abs(self._clock() - request_time) > self.max_skew_s:
+            raise S3Error(
+                ErrorCode.RequestTimeTooSkewed,
+                extra={"RequestTime": amz_date, "ServerTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))},
+            )
+        content_sha = headers.get("x-amz-content-sha256")
+        if content_sha is None:
+            raise S3Error(ErrorCode.InvalidRequest, "Missing required header for this request: x-amz-content-sha256")
+        mode, payload_hash = _payload_mode(content_sha)
+        signed = m["signed"].split(";")
+        if "host" not in signed:
+            raise S3Error(ErrorCode.AccessDenied, "The host header must be signed.")
+        creq = "\n".join(
+            [method, self._canonical_uri(raw_path), canonical_query(parse_query(raw_query)),
+             canonical_headers(headers, signed), m["signed"], content_sha]
+        )
+        key = signing_key(creds.secret_key, date, region, "s3")
+        expected = hmac_hex(key, string_to_sign(amz_date, scope, creq))
+        if not hmac.compare_digest(expected, m["sig"]):
+            raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
+        return AuthResult(creds.tenant, access_key, mode, payload_hash, key, m["sig"], amz_date, scope)
+
+    def _verify_presigned(self, method, raw_path, raw_query, headers) -> AuthResult:
+        pairs = parse_query(raw_query)
+        q = dict(pairs)
+        missing = [p for p in ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires", "X-Amz-SignedHeaders", "X-Amz-Signature") if p not in q]
+        if missing:
+            raise S3Error(ErrorCode.AuthorizationQueryParametersError, f"Query-string authentication requires {', '.join(missing)}.")
+        if q["X-Amz-Algorithm"] != ALGORITHM:
+            raise S3Error(ErrorCode.AuthorizationQueryParametersError, "X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\"")
+        amz_date = q["X-Amz-Date"]
+        access_key, date, region, scope = _parse_scope(q["X-Amz-Credential"], amz_date, ErrorCode.AuthorizationQueryParametersError)
+        creds = self._credentials(access_key)
+        try:
+            expires = int(q["X-Amz-Expires"])
+        except ValueError:
+            raise S3Error(ErrorCode.AuthorizationQueryParametersError, "X-Amz-Expires should be a number") from None
+        if not 0 <= expires <= MAX_PRESIGN_EXPIRES:
+            raise S3Error(ErrorCode.AuthorizationQueryParametersError, "X-Amz-Expires must be between 0 and 604800 seconds")
+        request_time = parse_amz_date(amz_date)
+        now = self._clock()
+        if now > request_time + expires:
+            raise S3Error(ErrorCode.AccessDenied, "Request has expired", extra={"X-Amz-Expires": str(expires)})
+        if request_time - now > self.max_skew_s:
+            raise S3Error(ErrorCode.AccessDenied, "Request is not valid yet")
+        signed = q["X-Amz-SignedHeaders"].split(";")
+        content_sha = q.get("X-Amz-Content-Sha256") or headers.get("x-amz-content-sha256") or PayloadMode.UNSIGNED.value
+        mode, payload_hash = _payload_mode(content_sha)
+        creq = "\n".join(
+            [method, self._canonical_uri(raw_path), canonical_query(pairs, exclude="X-Amz-Signature"),
+             canonical_headers(headers, signed), q["X-Amz-SignedHeaders"], content_sha]
+        )
+        key = signing_key(creds.secret_key, date, region, "s3")
+        expected = hmac_hex(key, string_to_sign(amz_date, scope, creq))
+        if not hmac.compare_digest(expected, q["X-Amz-Signature"]):
+            raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
+        return AuthResult(creds.tenant, access_key, mode, payload_hash, key, q["X-Amz-Signature"], amz_date, scope)
+
+
+def _payload_mode(content_sha: str) -> tuple[PayloadMode, str | None]:
+    if re.fullmatch(r"[0-9a-f]{64}", content_sha):
+        return PayloadMode.SIGNED, content_sha
+    try:
+        return PayloadMode(content_sha), None
+    except ValueError:
+        raise S3Error(ErrorCode.InvalidArgument, f"x-amz-content-sha256 must be a SHA-256 hex digest or a known streaming mode, not {content_sha[:80]!r}") from None

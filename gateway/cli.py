@@ -1,0 +1,190 @@
+"""The ``objectcache`` command: ``serve`` (gateway + storage server), or each part alone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from storage_server.config import Config, ConfigError, load_config, with_dev_tenant
+
+READY = "READY"
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config(
+        args.config,
+        gateway__host=getattr(args, "host", None),
+        gateway__port=getattr(args, "port", None),
+        store__data_dir=getattr(args, "data_dir", None),
+    )
+
+
+def _common(p: argparse.ArgumentParser, with_listen: bool) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    p.add_argument("--data-dir", metavar="DIR", help="local-disk store directory (default ./data)")
+    if with_listen:
+        p.add_argument("--host", help="gateway listen address (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="gateway port (default 9000; 0 picks a free one)")
+
+
+def _install_loop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        pass
+
+
+async def _run_until_signal(start) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    cleanup = await start()
+    try:
+        await stop.wait()
+    finally:
+        await cleanup()
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from storage_server.daemon import open_backend
+
+    from .server import build_app
+
+    cfg, _ = with_dev_tenant(_load(args))
+
+    async def start():
+        runner = web.AppRunner(build_app(cfg, open_backend(cfg)), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, reuse_address=True)
+        await site.start()
+        port = runner.addresses[0][1]
+        print(f"{READY} gateway http://{cfg.gateway.host}:{port}", flush=True)
+        return runner.cleanup
+
+    asyncio.run(_run_until_signal(start))
+    return 0
+
+
+def cmd_storage_server(args: argparse.Namespace) -> int:
+    from storage_server.daemon import StorageServer, open_backend
+
+    cfg = _load(args)
+
+    async def start():
+        backend = open_backend(cfg)
+        server = await StorageServer(cfg, backend).start()
+        where = cfg.storage_server.tcp or str(cfg.rpc_socket)
+        print(f"{READY} storage-server {where}", flush=True)
+
+        async def cleanup() -> None:
+            server.close()
+            await server.wait_closed()
+            await backend.close()
+
+        return cleanup
+
+    asyncio.run(_run_until_signal(start))
+    return 0
+
+
+def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "gateway.cli", role]
+    if args.config:
+        argv += ["--config", args.config]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    if role == "gateway":
+        if args.host:
+            argv += ["--host", args.host]
+        if port is not None:
+            argv += ["--port", str(port)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _await_ready(proc: subprocess.Popen, role: str) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(READY):
+            return line.split(maxsplit=2)[2].strip()
+        print(line, end="")
+    raise SystemExit(f"objectcache: the {role} exited before it was ready (exit code {proc.wait()})")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg, dev = with_dev_tenant(_load(args))
+    children: list[subprocess.Popen] = []
+
+    def stop(*_: object) -> None:
+        for p in children:
+            if p.poll() is None:
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        storage = _spawn("storage-server", args, None)
+        children.append(storage)
+        rpc = _await_ready(storage, "storage server")
+        gateway = _spawn("gateway", args, args.port)
+        children.append(gateway)
+        endpoint = _await_ready(gateway, "gateway")
+        print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
+        if dev is not None:
+            print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
+            print(f"  (shell: source {cfg.data_dir / 'dev-credentials.env'})")
+        else:
+            print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
+        print("Press Ctrl-C to stop.", flush=True)
+        while all(p.poll() is None for p in children):
+            try:
+                children[0].wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        stop()
+        for p in children:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    codes = [p.returncode for p in children]
+    return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="objectcache", description="S3-compatible object storage for LLM prefix KV cache")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run the gateway and the storage server on the local-disk store")
+    _common(p, True)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("gateway", help="run the S3 gateway alone")
+    _common(p, True)
+    p.set_defaults(func=cmd_gateway)
+    p = sub.add_parser("storage-server", help="run the storage-server daemon alone")
+    _common(p, False)
+    p.set_defaults(func=cmd_storage_server)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("OBJECTCACHE_LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if args.command != "serve":
+            _install_loop()
+        return args.func(args)
+    except ConfigError as e:
+        print(f"objectcache: configuration error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

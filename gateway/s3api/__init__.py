@@ -1,0 +1,1 @@
+"""The S3 REST surface: addressing and routing, one handler per operation, XML."""

@@ -1,0 +1,105 @@
+"""Per-request state shared by the router and the operation handlers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from gateway.auth.payload import body_stream
+from gateway.auth.sigv4 import AuthResult
+from storage_server.backend import Backend, BucketInfo
+from storage_server.config import GatewayConfig
+from storage_server.errors import ErrorCode, S3Error
+
+from . import headers as h
+
+MAX_KEY_BYTES = 1024
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+def validate_bucket_name(name: str) -> None:
+    if (
+        not _BUCKET_RE.match(name)
+        or ".." in name
+        or _IPV4_RE.match(name)
+        or name.startswith(("xn--", "sthree-"))
+        or name.endswith(("-s3alias", "--ol-s3"))
+    ):
+        raise S3Error(ErrorCode.InvalidBucketName, resource=f"/{name}", extra={"BucketName": name})
+
+
+@dataclass
+class S3Request:
+    """One authenticated S3 request, addressed to the service, a bucket or an object."""
+
+    http: web.Request
+    request_id: str
+    auth: AuthResult
+    backend: Backend
+    config: GatewayConfig
+    bucket: str | None
+    key: str | None
+    query: dict[str, str]
+    trailers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self.http.headers
+
+    @property
+    def tenant(self) -> str:
+        return self.auth.tenant
+
+    @property
+    def resource(self) -> str:
+        return "/" + "/".join(p for p in (self.bucket, self.key) if p is not None)
+
+    def body(self) -> AsyncIterator[bytes]:
+        """The decoded, verified request body (fills ``trailers`` as it ends)."""
+        return body_stream(self.http.content, self.auth, self.trailers)
+
+    async def body_bytes(self, limit: int) -> bytes:
+        out = bytearray()
+        async for chunk in self.body():
+            out += chunk
+            if len(out) > limit:
+                raise S3Error(ErrorCode.InvalidRequest, f"Request body exceeds {limit} bytes.")
+        return bytes(out)
+
+    def expected_length(self) -> int | None:
+        n = h.decoded_length(self.headers, self.auth.payload_mode.is_streaming)
+        if n is None and self.http.method == "PUT" and "chunked" not in self.headers.get("Transfer-Encoding", ""):
+            raise S3Error(ErrorCode.MissingContentLength, resource=self.resource)
+        return n
+
+    async def owned_bucket(self, name: str | None = None) -> BucketInfo:
+        """The addressed bucket, if it exists and belongs to the caller's tenant."""
+        name = name or self.bucket
+        assert name is not None
+        info = await self.backend.get_bucket(name)
+        if info.owner != self.tenant:
+            raise S3Error(ErrorCode.AccessDenied, resource=f"/{name}")
+        return info
+
+    def int_param(self, name: str, default: int, lo: int = 0, hi: int | None = None) -> int:
+        raw = self.query.get(name)
+        if raw is None:
+            return default
+        try:
+            v = int(raw)
+        except ValueError:
+            v = -1
+        if v < lo:
+            raise S3Error(ErrorCode.InvalidArgument, f"Argument {name} must be an integer >= {lo}.", extra={"ArgumentName": name, "ArgumentValue": raw})
+        return min(v, hi) if hi is not None else v
+
+    def key_checked(self) -> str:
+        assert self.key is not None
+        if len(self.key.encode()) > MAX_KEY_BYTES:
+            raise S3Error(ErrorCode.KeyTooLongError, resource=self.resource, extra={"MaxSizeAllowed": str(MAX_KEY_BYTES)})
+        return self.key

@@ -1,0 +1,72 @@
+"""Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket, GetBucketLocation."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from storage_server.errors import ErrorCode, S3Error
+
+from .. import xml
+from ..context import S3Request, validate_bucket_name
+from .common import decode_token, empty, encode_token, xml_response
+
+MAX_BUCKETS = 10000
+
+
+def _owner(req: S3Request) -> list[xml.Node]:
+    return [("ID", req.tenant), ("DisplayName", req.tenant)]
+
+
+async def list_buckets(req: S3Request) -> web.Response:
+    limit = req.int_param("max-buckets", MAX_BUCKETS, lo=1, hi=MAX_BUCKETS)
+    prefix = req.query.get("prefix", "")
+    token = req.query.get("continuation-token")
+    after = decode_token(token) if token else ""
+    buckets = await req.backend.list_buckets(req.tenant, prefix, after, limit + 1)
+    truncated = len(buckets) > limit
+    buckets = buckets[:limit]
+    return xml_response(
+        "ListAllMyBucketsResult",
+        [
+            ("Owner", _owner(req)),
+            ("Buckets", [("Bucket", [("Name", b.name), ("CreationDate", xml.iso8601(b.created)), ("BucketRegion", b.region)]) for b in buckets]),
+            ("ContinuationToken", encode_token(buckets[-1].name) if truncated else None),
+            ("Prefix", prefix or None),
+        ],
+    )
+
+
+async def create_bucket(req: S3Request) -> web.Response:
+    assert req.bucket is not None
+    validate_bucket_name(req.bucket)
+    region = req.config.region
+    body = await req.body_bytes(64 * 1024)
+    if body.strip():
+        doc = xml.parse(body, "CreateBucketConfiguration")
+        constraint = xml.child_text(doc, "LocationConstraint")
+        if constraint and constraint != req.config.region:
+            raise S3Error(
+                ErrorCode.InvalidLocationConstraint,
+                f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}.",
+                resource=req.resource,
+            )
+    await req.backend.create_bucket(req.bucket, req.tenant, region)
+    return empty(headers={"Location": f"/{req.bucket}"})
+
+
+async def head_bucket(req: S3Request) -> web.Response:
+    info = await req.owned_bucket()
+    return empty(headers={"x-amz-bucket-region": info.region})
+
+
+async def delete_bucket(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    assert req.bucket is not None
+    await req.backend.delete_bucket(req.bucket)
+    return empty(204)
+
+
+async def get_bucket_location(req: S3Request) -> web.Response:
+    info = await req.owned_bucket()
+    # us-east-1 is reported as an empty constraint, as S3 does.
+    return web.Response(body=xml.text_document("LocationConstraint", "" if info.region == "us-east-1" else info.region), content_type="application/xml")

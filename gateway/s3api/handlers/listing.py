@@ -1,0 +1,105 @@
+"""Listing operations: ListObjects (v1), ListObjectsV2, ListObjectVersions (unversioned buckets)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from aiohttp import web
+
+from storage_server.backend import ListPage, ObjectMeta
+from storage_server.errors import ErrorCode, S3Error
+
+from .. import xml
+from ..context import S3Request
+from .common import decode_token, encode_token, xml_response
+
+
+def _encoder(req: S3Request):
+    enc = req.query.get("encoding-type")
+    if enc is None:
+        return None, lambda s: s
+    if enc != "url":
+        raise S3Error(ErrorCode.InvalidArgument, "Invalid Encoding Method specified in Request", extra={"ArgumentName": "encoding-type", "ArgumentValue": enc})
+    return "url", lambda s: None if s is None else quote(s, safe="/")
+
+
+async def _page(req: S3Request, after: str) -> tuple[ListPage, int, str, str]:
+    await req.owned_bucket()
+    limit = req.int_param("max-keys", req.config.max_keys, lo=0, hi=req.config.max_keys)
+    prefix, delimiter = req.query.get("prefix", ""), req.query.get("delimiter", "")
+    page = await req.backend.list_objects(req.bucket, prefix, delimiter, after, limit)  # type: ignore[arg-type]
+    return page, limit, prefix, delimiter
+
+
+def _owner(o: ObjectMeta) -> list[xml.Node]:
+    return [("ID", o.owner), ("DisplayName", o.owner)]
+
+
+def _contents(objects: list[ObjectMeta], enc, with_owner: bool) -> list[xml.Node]:
+    return [
+        ("Contents", [("Key", enc(o.key)), ("LastModified", xml.iso8601(o.last_modified)), ("ETag", o.etag), ("Size", o.size),
+                      ("Owner", _owner(o) if with_owner else None), ("StorageClass", o.storage_class),
+                      *[("ChecksumAlgorithm", a) for a in o.checksums]])
+        for o in objects
+    ]
+
+
+def _prefixes(page: ListPage, enc) -> list[xml.Node]:
+    return [("CommonPrefixes", [("Prefix", enc(p))]) for p in page.common_prefixes]
+
+
+async def list_objects_v1(req: S3Request) -> web.Response:
+    encoding, enc = _encoder(req)
+    marker = req.query.get("marker", "")
+    page, limit, prefix, delimiter = await _page(req, marker)
+    return xml_response(
+        "ListBucketResult",
+        [
+            ("Name", req.bucket), ("Prefix", enc(prefix)), ("Marker", enc(marker)), ("MaxKeys", limit),
+            ("Delimiter", enc(delimiter) if delimiter else None), ("IsTruncated", page.is_truncated),
+            ("NextMarker", enc(page.next_marker) if page.is_truncated and delimiter else None),
+            ("EncodingType", encoding),
+            *_contents(page.objects, enc, True), *_prefixes(page, enc),
+        ],
+    )
+
+
+async def list_objects_v2(req: S3Request) -> web.Response:
+    encoding, enc = _encoder(req)
+    token = req.query.get("continuation-token")
+    start_after = req.query.get("start-after", "")
+    after = decode_token(token) if token is not None else start_after
+    page, limit, prefix, delimiter = await _page(req, after)
+    fetch_owner = req.query.get("fetch-owner", "false").lower() == "true"
+    return xml_response(
+        "ListBucketResult",
+        [
+            ("Name", req.bucket), ("Prefix", enc(prefix)), ("MaxKeys", limit), ("KeyCount", len(page.objects) + len(page.common_prefixes)),
+            ("Delimiter", enc(delimiter) if delimiter else None), ("IsTruncated", page.is_truncated),
+            ("ContinuationToken", token), ("NextContinuationToken", encode_token(page.next_marker) if page.is_truncated and page.next_marker else None),
+            ("StartAfter", enc(start_after) if start_after else None), ("EncodingType", encoding),
+            *_contents(page.objects, enc, fetch_owner), *_prefixes(page, enc),
+        ],
+    )
+
+
+async def list_object_versions(req: S3Request) -> web.Response:
+    """Unversioned buckets: every object is its single, latest version ``null``."""
+    encoding, enc = _encoder(req)
+    key_marker = req.query.get("key-marker", "")
+    page, limit, prefix, delimiter = await _page(req, key_marker)
+    versions = [
+        ("Version", [("Key", enc(o.key)), ("VersionId", "null"), ("IsLatest", True), ("LastModified", xml.iso8601(o.last_modified)),
+                     ("ETag", o.etag), ("Size", o.size), ("StorageClass", o.storage_class), ("Owner", _owner(o))])
+        for o in page.objects
+    ]
+    return xml_response(
+        "ListVersionsResult",
+        [
+            ("Name", req.bucket), ("Prefix", enc(prefix)), ("KeyMarker", enc(key_marker)), ("VersionIdMarker", req.query.get("version-id-marker", "")),
+            ("MaxKeys", limit), ("Delimiter", enc(delimiter) if delimiter else None), ("IsTruncated", page.is_truncated),
+            ("NextKeyMarker", enc(page.next_marker) if page.is_truncated else None),
+            ("NextVersionIdMarker", "null" if page.is_truncated else None), ("EncodingType", encoding),
+            *versions, *_prefixes(page, enc),
+        ],
+    )

@@ -1,0 +1,183 @@
+"""Multipart upload operations: Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts, ListMultipartUploads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aiohttp import web
+
+from storage_server.backend import ByteRange, UploadInfo
+from storage_server.checksums import ALGORITHMS
+from storage_server.errors import ErrorCode, S3Error
+
+from .. import headers as h
+from .. import xml
+from ..context import S3Request
+from .common import empty, xml_response
+from .objects import checksum_response_headers, copy_source_meta
+
+MAX_PART_NUMBER = 10000
+
+
+def _owner(tenant: str) -> list[xml.Node]:
+    return [("ID", tenant), ("DisplayName", tenant)]
+
+
+async def _upload(req: S3Request) -> UploadInfo:
+    await req.owned_bucket()
+    return await req.backend.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])  # type: ignore[arg-type]
+
+
+def _part_number(req: S3Request) -> int:
+    raw = req.query.get("partNumber", "")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PART_NUMBER:
+        raise S3Error(ErrorCode.InvalidArgument, f"Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive", extra={"ArgumentName": "partNumber", "ArgumentValue": raw})
+    return int(raw)
+
+
+async def create_multipart_upload(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    key = req.key_checked()
+    spec, _ = h.put_spec(req.headers, None)
+    alg = req.headers.get("x-amz-checksum-algorithm")
+    upload = await req.backend.create_upload(req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
+    headers = {"x-amz-checksum-algorithm": alg.upper(), "x-amz-checksum-type": "COMPOSITE"} if alg else None
+    return xml_response("InitiateMultipartUploadResult", [("Bucket", req.bucket), ("Key", key), ("UploadId", upload.upload_id)], headers=headers)
+
+
+async def upload_part(req: S3Request) -> web.Response:
+    number = _part_number(req)
+    upload = await _upload(req)
+    spec, trailer = h.put_spec(req.headers, req.expected_length())
+    if trailer:
+        spec = replace(spec, late_checksums=lambda: h.trailer_checksums(trailer, req.trailers))
+    part = await req.backend.upload_part(upload, number, req.body(), spec)
+    algs = tuple(set(spec.checksum_algorithms) | set(upload.spec.checksum_algorithms))
+    return empty(headers={"ETag": part.etag, **checksum_response_headers(part.checksums, algs)})
+
+
+async def upload_part_copy(req: S3Request) -> web.Response:
+    number = _part_number(req)
+    upload = await _upload(req)
+    src = await copy_source_meta(req)
+    rng = None
+    raw = req.headers.get("x-amz-copy-source-range")
+    if raw is not None:
+        first, _, last = raw.removeprefix("bytes=").partition("-")
+        if not raw.startswith("bytes=") or not first.isdigit() or not last.isdigit() or int(first) > int(last):
+            raise S3Error(ErrorCode.InvalidArgument, "The x-amz-copy-source-range value must be of the form bytes=first-last where first and last are the zero-based offsets of the first and last bytes to copy", extra={"ArgumentName": "x-amz-copy-source-range"})
+        if int(last) >= src.size:
+            raise S3Error(ErrorCode.InvalidRange, extra={"RangeRequested": raw, "ActualObjectSize": str(src.size)})
+        rng = ByteRange(int(first), int(last) + 1)
+    part = await req.backend.upload_part_copy(upload, number, src, rng)
+    checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in part.checksums.items()]
+    return xml_response("CopyPartResult", [("ETag", part.etag), ("LastModified", xml.iso8601(part.last_modified)), *checks])
+
+
+async def complete_multipart_upload(req: S3Request) -> web.Response:
+    upload = await _upload(req)
+    doc = xml.parse(await req.body_bytes(xml.MAX_REQUEST_XML), "CompleteMultipartUpload")
+    parts = []
+    for p in xml.children(doc, "Part"):
+        number, etag = xml.child_text(p, "PartNumber"), xml.child_text(p, "ETag")
+        if number is None or not number.strip().isdigit() or etag is None:
+            raise S3Error(ErrorCode.MalformedXML, "Each <Part> needs a numeric <PartNumber> and an <ETag>.")
+        claimed = {a: v for a in ALGORITHMS if (v := xml.child_text(p, f"Checksum{a}"))}
+        parts.append((int(number), etag.strip(), claimed))
+    meta = await req.backend.complete_upload(upload, parts)
+    checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items()]
+    return xml_response(
+        "CompleteMultipartUploadResult",
+        [("Location", f"http://{req.headers.get('Host', '')}{req.resource}"), ("Bucket", req.bucket), ("Key", req.key), ("ETag", meta.etag), *checks],
+    )
+
+
+async def abort_multipart_upload(req: S3Request) -> web.Response:
+    await req.backend.abort_upload(await _upload(req))
+    return empty(204)
+
+
+async def list_parts(req: S3Request) -> web.Response:
+    upload = await _upload(req)
+    limit = req.int_param("max-parts", 1000, lo=0, hi=1000)
+    after = req.int_param("part-number-marker", 0, lo=0)
+    parts = await req.backend.list_parts(upload, after, limit + 1)
+    truncated = len(parts) > limit
+    parts = parts[:limit]
+    algorithm = upload.spec.checksum_algorithms[0] if upload.spec.checksum_algorithms else None
+    return xml_response(
+        "ListPartsResult",
+        [
+            ("Bucket", req.bucket),
+            ("Key", req.key),
+            ("UploadId", upload.upload_id),
+            ("PartNumberMarker", after),
+            ("NextPartNumberMarker", parts[-1].part_number if parts else None),
+            ("MaxParts", limit),
+            ("IsTruncated", truncated),
+            ("ChecksumAlgorithm", algorithm),
+            *[
+                ("Part", [("PartNumber", p.part_number), ("LastModified", xml.iso8601(p.last_modified)), ("ETag", p.etag), ("Size", p.size),
+                          *[(f"Checksum{a}", v) for a, v in p.checksums.items()]])
+                for p in parts
+            ],
+            ("Initiator", _owner(upload.owner)),
+            ("Owner", _owner(upload.owner)),
+            ("StorageClass", "STANDARD"),
+        ],
+    )
+
+
+async def list_multipart_uploads(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    limit = req.int_param("max-uploads", 1000, lo=0, hi=1000)
+    prefix = req.query.get("prefix", "")
+    delimiter = req.query.get("delimiter", "")
+    key_marker = req.query.get("key-marker", "")
+    upload_marker = req.query.get("upload-id-marker", "") if key_marker else ""
+    if not key_marker:
+        # An upload-id marker without a key marker is ignored, as S3 does.
+        upload_marker = ""
+    uploads: list[xml.Node] = []
+    prefixes: list[str] = []
+    truncated = False
+    last_key, last_upload = key_marker, upload_marker
+    next_key, next_upload = None, None
+    while True:
+        batch = await req.backend.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)  # type: ignore[arg-type]
+        if not batch:
+            break
+        for u in batch:
+            last_key, last_upload = u.key, u.upload_id
+            if len(uploads) + len(prefixes) >= limit:
+                truncated = True
+                break
+            if delimiter:
+                i = u.key.find(delimiter, len(prefix))
+                if i >= 0:
+                    cp = u.key[: i + len(delimiter)]
+                    if cp not in prefixes:
+                        prefixes.append(cp)
+                        next_key, next_upload = cp, None
+                    continue
+            uploads.append(("Upload", [("Key", u.key), ("UploadId", u.upload_id), ("Initiator", _owner(u.owner)),
+                                       ("Owner", _owner(u.owner)), ("StorageClass", "STANDARD"), ("Initiated", xml.iso8601(u.initiated))]))
+            next_key, next_upload = u.key, u.upload_id
+        if truncated or len(batch) <= limit:
+            break
+    return xml_response(
+        "ListMultipartUploadsResult",
+        [
+            ("Bucket", req.bucket),
+            ("KeyMarker", key_marker),
+            ("UploadIdMarker", upload_marker),
+            ("NextKeyMarker", next_key if truncated else None),
+            ("NextUploadIdMarker", next_upload if truncated else None),
+            ("Prefix", prefix),
+            ("Delimiter", delimiter or None),
+            ("MaxUploads", limit),
+            ("IsTruncated", truncated),
+            *uploads,
+            *[("CommonPrefixes", [("Prefix", p)]) for p in prefixes],
+        ],
+    )

@@ -1,0 +1,182 @@
+"""Object operations: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects, CopyObject."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import replace
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from storage_server.backend import ByteRange, ObjectMeta, PutSpec
+from storage_server.checksums import new_checksum
+from storage_server.errors import ErrorCode, S3Error
+
+from .. import headers as h
+from .. import xml
+from ..context import S3Request
+from .common import empty, xml_response
+
+MAX_DELETE_KEYS = 1000
+
+
+def checksum_response_headers(checksums: dict[str, str], algorithms: tuple[str, ...]) -> dict[str, str]:
+    return {f"x-amz-checksum-{a.lower()}": checksums[a] for a in algorithms if a in checksums}
+
+
+async def put_object(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    key = req.key_checked()
+    spec, trailer = h.put_spec(req.headers, req.expected_length())
+    if trailer:
+        # The trailer arrives after the data; the body stream fills req.trailers
+        # before it ends, and the backend verifies only after the stream ends.
+        spec = replace(spec, late_checksums=lambda: h.trailer_checksums(trailer, req.trailers))
+    meta = await req.backend.put_object(req.bucket, key, req.body(), spec, req.tenant)  # type: ignore[arg-type]
+    return empty(headers={"ETag": meta.etag, **checksum_response_headers(meta.checksums, spec.checksum_algorithms)})
+
+
+def _part_range(meta: ObjectMeta, part_number: int) -> ByteRange:
+    sizes = meta.part_sizes or (meta.size,)
+    if not 1 <= part_number <= len(sizes):
+        raise S3Error(ErrorCode.InvalidPartNumber, extra={"PartNumberRequested": str(part_number), "ActualPartCount": str(len(sizes))})
+    start = sum(sizes[: part_number - 1])
+    return ByteRange(start, start + sizes[part_number - 1])
+
+
+async def _read_meta(req: S3Request) -> tuple[ObjectMeta, ByteRange | None, int, dict[str, str]]:
+    """Shared by GET and HEAD: conditions, range/partNumber, headers."""
+    await req.owned_bucket()
+    meta = await req.backend.head_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
+    h.check_conditions(req.headers, meta)
+    headers = h.object_headers(meta, req.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED")
+    part = req.query.get("partNumber")
+    if part is not None:
+        try:
+            n = int(part)
+        except ValueError:
+            raise S3Error(ErrorCode.InvalidArgument, "Part number must be an integer between 1 and 10000, inclusive", extra={"ArgumentName": "partNumber"}) from None
+        rng: ByteRange | None = _part_range(meta, n)
+        if not meta.part_sizes:
+            rng = None if meta.size == rng.length else rng  # type: ignore[union-attr]
+        headers["x-amz-mp-parts-count"] = str(len(meta.part_sizes) or 1)
+        for k in [k for k in headers if k.startswith("x-amz-checksum-")]:
+            del headers[k]  # a part has no whole-object checksum
+    else:
+        rng = h.parse_range(req.headers.get("Range"), meta.size)
+    status = 200
+    if rng is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {rng.start}-{rng.end - 1}/{meta.size}"
+    for param, header in h.RESPONSE_OVERRIDES.items():
+        if param in req.query:
+            headers[header] = req.query[param]
+    return meta, rng, status, headers
+
+
+async def get_object(req: S3Request) -> web.StreamResponse:
+    meta, rng, status, headers = await _read_meta(req)
+    length = rng.length if rng else meta.size
+    resp = web.StreamResponse(status=status, headers=headers)
+    resp.content_length = length
+    await resp.prepare(req.http)
+    async for chunk in req.backend.read_object(meta, rng):
+        await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
+async def head_object(req: S3Request) -> web.StreamResponse:
+    meta, rng, status, headers = await _read_meta(req)
+    headers["Content-Length"] = str(rng.length if rng else meta.size)
+    return web.Response(status=status, headers=headers)
+
+
+async def delete_object(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    await req.backend.delete_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
+    return empty(204)
+
+
+def _verify_body_digests(req: S3Request, body: bytes) -> None:
+    md5 = h.content_md5(req.headers)
+    if md5 is not None and hashlib.md5(body).digest() != md5:
+        raise S3Error(ErrorCode.BadDigest, "The Content-MD5 you specified did not match what we received.")
+    expected, _, trailer = h.checksum_request(req.headers)
+    expected.update(h.trailer_checksums(trailer, req.trailers))
+    for alg, value in expected.items():
+        c = new_checksum(alg)
+        c.update(body)
+        if base64.b64encode(c.digest()).decode() != value:
+            raise S3Error(ErrorCode.BadDigest, f"The {alg} you specified did not match the calculated checksum.")
+
+
+async def delete_objects(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    body = await req.body_bytes(xml.MAX_REQUEST_XML)
+    _verify_body_digests(req, body)
+    doc = xml.parse(body, "Delete")
+    quiet = (xml.child_text(doc, "Quiet", "false") or "").strip().lower() == "true"
+    objects = xml.children(doc, "Object")
+    if len(objects) > MAX_DELETE_KEYS:
+        raise S3Error(ErrorCode.MalformedXML, f"A DeleteObjects request may name at most {MAX_DELETE_KEYS} keys; got {len(objects)}.")
+    results: list[xml.Node] = []
+    for obj in objects:
+        key = xml.child_text(obj, "Key")
+        if key is None:
+            raise S3Error(ErrorCode.MalformedXML, "Every <Object> needs a <Key>.")
+        version = xml.child_text(obj, "VersionId")
+        try:
+            if version not in (None, "null"):
+                raise S3Error(ErrorCode.NoSuchVersion, extra={"Key": key})
+            await req.backend.delete_object(req.bucket, key)  # type: ignore[arg-type]
+            if not quiet:
+                results.append(("Deleted", [("Key", key), ("VersionId", version)]))
+        except S3Error as e:
+            results.append(("Error", [("Key", key), ("VersionId", version), ("Code", e.code.name), ("Message", e.message)]))
+    return xml_response("DeleteResult", results)
+
+
+def parse_copy_source(value: str) -> tuple[str, str]:
+    src, _, qs = value.partition("?")
+    src = unquote(src).lstrip("/")
+    bucket, _, key = src.partition("/")
+    if not bucket or not key:
+        raise S3Error(ErrorCode.InvalidArgument, "Copy Source must mention the source bucket and key: sourcebucket/sourcekey", extra={"ArgumentName": "x-amz-copy-source"})
+    if qs:
+        params = dict(p.partition("=")[::2] for p in qs.split("&"))
+        if params.get("versionId", "null") != "null":
+            raise S3Error(ErrorCode.NoSuchVersion, extra={"Key": key, "VersionId": params["versionId"]})
+    return bucket, key
+
+
+async def copy_source_meta(req: S3Request) -> ObjectMeta:
+    bucket, key = parse_copy_source(req.headers["x-amz-copy-source"])
+    await req.owned_bucket(bucket)
+    meta = await req.backend.head_object(bucket, key)
+    h.check_conditions(req.headers, meta, prefix="x-amz-copy-source-", copy_source=True)
+    return meta
+
+
+async def copy_object(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    key = req.key_checked()
+    src = await copy_source_meta(req)
+    directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise S3Error(ErrorCode.InvalidArgument, "Unknown metadata directive.", extra={"ArgumentName": "x-amz-metadata-directive"})
+    if directive == "COPY":
+        if (src.bucket, src.key) == (req.bucket, key):
+            raise S3Error(
+                ErrorCode.InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing the "
+                "object's metadata, storage class, website redirect location or encryption attributes.",
+                resource=req.resource,
+            )
+        spec = PutSpec(content_type=src.content_type, user_metadata=src.user_metadata, system_headers=src.system_headers)
+    else:
+        spec, _ = h.put_spec(req.headers, None)
+    meta = await req.backend.copy_object(src, req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
+    checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items() if not meta.part_sizes]
+    return xml_response("CopyObjectResult", [("ETag", meta.etag), ("LastModified", xml.iso8601(meta.last_modified)), *checks])

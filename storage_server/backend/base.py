@@ -1,0 +1,149 @@
+"""The small interface every object store backend implements.
+
+The gateway serves plain S3 through it and the storage-server daemon reads KV
+chunk objects through it. Methods are async so a network backend (upstream S3)
+fits as naturally as the local disk. Records crossing the interface are frozen
+dataclasses; failures are :class:`~storage_server.errors.S3Error`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    name: str
+    owner: str
+    created: float
+    region: str
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """Everything S3 returns about an object besides its bytes."""
+
+    bucket: str
+    key: str
+    size: int
+    etag: str  # quoted, as S3 sends it
+    last_modified: float
+    content_type: str = "binary/octet-stream"
+    user_metadata: dict[str, str] = field(default_factory=dict)
+    # Cache-Control, Content-Disposition, Content-Encoding, Content-Language, Expires
+    system_headers: dict[str, str] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)  # e.g. {"CRC32": "base64"}
+    part_sizes: tuple[int, ...] = ()  # non-empty for multipart objects
+    storage_class: str = "STANDARD"
+    owner: str = ""
+
+
+@dataclass(frozen=True)
+class PutSpec:
+    """What a writer declares about the object it is about to store."""
+
+    content_type: str = "binary/octet-stream"
+    user_metadata: dict[str, str] = field(default_factory=dict)
+    system_headers: dict[str, str] = field(default_factory=dict)
+    expected_md5: bytes | None = None  # Content-MD5, decoded
+    expected_checksums: dict[str, str] = field(default_factory=dict)  # algorithm -> base64
+    checksum_algorithms: tuple[str, ...] = ()  # compute and store these
+    expected_size: int | None = None
+    # Checksums known only once the body has ended (aws-chunked trailers);
+    # called by the backend after the last chunk, before committing.
+    late_checksums: Callable[[], dict[str, str]] | None = None
+    immutable: bool = False  # KV chunks: identical re-put is a no-op, different bytes refused
+
+
+@dataclass(frozen=True)
+class ListPage:
+    objects: list[ObjectMeta]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_marker: str | None  # last key or prefix returned, for continuation
+
+
+@dataclass(frozen=True)
+class UploadInfo:
+    upload_id: str
+    bucket: str
+    key: str
+    initiated: float
+    owner: str
+    spec: PutSpec
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    part_number: int
+    size: int
+    etag: str
+    last_modified: float
+    checksums: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Inclusive-exclusive byte range ``[start, end)``."""
+
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+BodyStream = AsyncIterator[bytes]
+
+
+class Backend(abc.ABC):
+    """An object store. Implementations must make writes atomic and durable."""
+
+    # -- buckets -----------------------------------------------------------
+    @abc.abstractmethod
+    async def create_bucket(self, name: str, owner: str, region: str) -> None: ...
+    @abc.abstractmethod
+    async def get_bucket(self, name: str) -> BucketInfo: ...
+    @abc.abstractmethod
+    async def delete_bucket(self, name: str) -> None: ...
+    @abc.abstractmethod
+    async def list_buckets(self, owner: str, prefix: str = "", after: str = "", limit: int = 10000) -> list[BucketInfo]: ...
+
+    # -- objects -----------------------------------------------------------
+    @abc.abstractmethod
+    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta: ...
+    @abc.abstractmethod
+    async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
+    @abc.abstractmethod
+    def read_object(self, meta: ObjectMeta, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> BodyStream:
+        """Stream the bytes of the object version described by ``meta``."""
+    @abc.abstractmethod
+    async def delete_object(self, bucket: str, key: str) -> None: ...
+    @abc.abstractmethod
+    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta: ...
+    @abc.abstractmethod
+    async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> ListPage: ...
+
+    # -- multipart ---------------------------------------------------------
+    @abc.abstractmethod
+    async def create_upload(self, bucket: str, key: str, spec: PutSpec, owner: str) -> UploadInfo: ...
+    @abc.abstractmethod
+    async def get_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo: ...
+    @abc.abstractmethod
+    async def upload_part(self, upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo: ...
+    @abc.abstractmethod
+    async def upload_part_copy(self, upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo: ...
+    @abc.abstractmethod
+    async def list_parts(self, upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]: ...
+    @abc.abstractmethod
+    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta: ...
+    @abc.abstractmethod
+    async def abort_upload(self, upload: UploadInfo) -> None: ...
+    @abc.abstractmethod
+    async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]: ...
+
+    async def close(self) -> None:
+        """Release resources (connections, pools)."""

@@ -1,0 +1,76 @@
+"""Incremental object digests: MD5 (ETag), SHA-256 (payload signing) and the
+S3 additional checksums (CRC32, CRC32C, CRC64NVME, SHA1, SHA256).
+
+One :class:`Digester` is fed every body chunk once; all requested digests are
+updated from the same bytes so the body is never read twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from collections.abc import Iterable
+
+from awscrt import checksums as crt
+
+ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+
+
+class _Crc:
+    def __init__(self, fn, width: int) -> None:
+        self._fn, self._width, self._value = fn, width, 0
+
+    def update(self, data: bytes) -> None:
+        self._value = self._fn(data, self._value)
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(self._width, "big")
+
+
+def new_checksum(algorithm: str):
+    """A hashlib-like object for an S3 checksum algorithm name (upper case)."""
+    if algorithm == "CRC32":
+        return _Crc(zlib.crc32, 4)
+    if algorithm == "CRC32C":
+        return _Crc(crt.crc32c, 4)
+    if algorithm == "CRC64NVME":
+        return _Crc(crt.crc64nvme, 8)
+    if algorithm == "SHA1":
+        return hashlib.sha1()
+    if algorithm == "SHA256":
+        return hashlib.sha256()
+    raise ValueError(algorithm)
+
+
+def b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+class Digester:
+    """MD5 always; optional SHA-256 of the payload; any S3 checksums."""
+
+    def __init__(self, algorithms: Iterable[str] = (), payload_sha256: bool = False) -> None:
+        self.md5 = hashlib.md5()
+        self.sha256 = hashlib.sha256() if payload_sha256 else None
+        self.checksums = {a: new_checksum(a) for a in algorithms}
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        self.size += len(data)
+        self.md5.update(data)
+        if self.sha256 is not None:
+            self.sha256.update(data)
+        for c in self.checksums.values():
+            c.update(data)
+
+    def checksum_values(self) -> dict[str, str]:
+        return {a: b64(c.digest()) for a, c in self.checksums.items()}
+
+
+def composite_checksum(algorithm: str, part_values: list[str]) -> str:
+    """S3's multipart COMPOSITE checksum: checksum of the parts' raw checksums, ``-N``."""
+    c = new_checksum(algorithm)
+    for v in part_values:
+        c.update(base64.b64decode(v))
+    return f"{b64(c.digest())}-{len(part_values)}"

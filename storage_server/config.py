@@ -1,0 +1,225 @@
+"""Deployment configuration: one TOML file plus ``OBJECTCACHE_*`` environment overrides.
+
+Every section is a dataclass; unknown keys and bad values are refused at
+start-up with a message naming them (``ConfigError``). Environment variables
+override single values: ``OBJECTCACHE_<SECTION>_<KEY>`` (e.g.
+``OBJECTCACHE_GATEWAY_PORT=9100``), and ``OBJECTCACHE_TENANTS`` replaces the
+tenant list with ``name:access_key:secret_key`` entries separated by commas.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "OBJECTCACHE_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, naming the offending key."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    access_key: str
+    secret_key: str
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 9000
+    region: str = "us-east-1"
+    # Host-name suffixes for virtual-hosted-style addressing (bucket.<domain>).
+    domains: tuple[str, ...] = ("localhost",)
+    max_clock_skew_s: float = 900.0
+    max_keys: int = 1000
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    backend: str = "local"
+    data_dir: str = "./data"
+    io_threads: int = 16
+
+
+@dataclass(frozen=True)
+class StorageServerConfig:
+    # Unix socket for gateway -> daemon RPC; empty means <data_dir>/storage-server.sock.
+    socket: str = ""
+    # Alternatively "host:port" for TCP.
+    tcp: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
+    tenants: tuple[Tenant, ...] = ()
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.store.data_dir).resolve()
+
+    @property
+    def rpc_socket(self) -> Path:
+        return Path(self.storage_server.socket) if self.storage_server.socket else self.data_dir / "storage-server.sock"
+
+
+SECTIONS: dict[str, type] = {"gateway": GatewayConfig, "store": StoreConfig, "storage_server": StorageServerConfig}
+
+
+def _coerce(where: str, typ: Any, value: Any) -> Any:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t in ("int", int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if t in ("float", float):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if t in ("str", str):
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+        if str(t).startswith("tuple[str"):
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError
+            return tuple(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: bad value {value!r} (expected {t})") from None
+    raise ConfigError(f"{where}: unsupported type {t}")
+
+
+def _section(name: str, cls: type, raw: dict[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(unknown)} (known: {', '.join(known)})")
+    values = {k: _coerce(f"{name}.{k}", known[k].type, v) for k, v in raw.items()}
+    return cls(**values)
+
+
+def _validate(cfg: Config) -> None:
+    if not 0 <= cfg.gateway.port <= 65535:
+        raise ConfigError(f"gateway.port: {cfg.gateway.port} is not a TCP port (0..65535)")
+    if cfg.gateway.max_clock_skew_s <= 0:
+        raise ConfigError("gateway.max_clock_skew_s must be positive")
+    if not 1 <= cfg.gateway.max_keys <= 1000:
+        raise ConfigError("gateway.max_keys must be in 1..1000")
+    if cfg.store.backend != "local":
+        raise ConfigError(f"store.backend: unknown backend {cfg.store.backend!r} (supported: 'local')")
+    if cfg.store.io_threads < 1:
+        raise ConfigError("store.io_threads must be at least 1")
+    seen: set[str] = set()
+    for t in cfg.tenants:
+        for attr in ("name", "access_key", "secret_key"):
+            if not getattr(t, attr):
+                raise ConfigError(f"tenants: {attr} must not be empty (tenant {t.name!r})")
+        if t.access_key in seen:
+            raise ConfigError(f"tenants: access_key {t.access_key!r} is used twice")
+        seen.add(t.access_key)
+
+
+def parse_tenants(raw: Any, where: str = "tenants") -> tuple[Tenant, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: expected an array of tables ([[tenants]])")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict):
+            raise ConfigError(f"{where}[{i}]: expected a table")
+        out.append(_section(f"{where}[{i}]", Tenant, t))
+    return tuple(out)
+
+
+def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None, **overrides: Any) -> Config:
+    """Read TOML (if given), apply environment, then explicit overrides (``section__key=value``)."""
+    env = dict(os.environ if env is None else env)
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    unknown = sorted(set(raw) - set(SECTIONS) - {"tenants"})
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (known: {', '.join([*SECTIONS, 'tenants'])})")
+    sections: dict[str, dict[str, Any]] = {}
+    for name in SECTIONS:
+        value = raw.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        sections[name] = dict(value)
+    for name, cls in SECTIONS.items():
+        for f in fields(cls):
+            var = f"{ENV_PREFIX}{name.upper()}_{f.name.upper()}"
+            if var in env:
+                sections[name][f.name] = env[var]
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        section, _, key = k.partition("__")
+        sections[section][key] = v
+    tenants = parse_tenants(raw.get("tenants", []))
+    if f"{ENV_PREFIX}TENANTS" in env:
+        entries = [e for e in env[f"{ENV_PREFIX}TENANTS"].split(",") if e]
+        parsed = []
+        for e in entries:
+            parts = e.split(":")
+            if len(parts) != 3:
+                raise ConfigError(f"{ENV_PREFIX}TENANTS: entry {e.split(':')[0]!r} is not name:access_key:secret_key")
+            parsed.append(Tenant(*parts))
+        tenants = tuple(parsed)
+    cfg = Config(**{n: _section(n, SECTIONS[n], sections[n]) for n in SECTIONS}, tenants=tenants)
+    _validate(cfg)
+    return cfg
+
+
+DEV_CREDENTIALS_FILE = "dev-credentials.env"
+
+
+def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
+    """With no tenants configured, use one development tenant.
+
+    Its keys are generated once per data directory and kept in
+    ``<data_dir>/dev-credentials.env`` (mode 0600), a shell file that also sets
+    the region and endpoint, so ``source data/dev-credentials.env`` configures
+    aws-cli and boto3.
+    """
+    if cfg.tenants:
+        return cfg, None
+    path = cfg.data_dir / DEV_CREDENTIALS_FILE
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.startswith("export ") and "=" in line:
+                k, _, v = line[len("export "):].partition("=")
+                values[k] = v.strip("'\"")
+    ak = values.get("AWS_ACCESS_KEY_ID") or "OC" + secrets.token_hex(9).upper()
+    sk = values.get("AWS_SECRET_ACCESS_KEY") or secrets.token_urlsafe(30)
+    tenant = Tenant("dev", ak, sk)
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::", "") else cfg.gateway.host
+    text = (
+        f"export AWS_ACCESS_KEY_ID={ak}\n"
+        f"export AWS_SECRET_ACCESS_KEY={sk}\n"
+        f"export AWS_DEFAULT_REGION={cfg.gateway.region}\n"
+        f"export AWS_ENDPOINT_URL=http://{host}:{cfg.gateway.port}\n"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return replace(cfg, tenants=(tenant,)), tenant

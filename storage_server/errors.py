@@ -1,0 +1,92 @@
+"""The one error catalogue: every failure is a value with an S3 error code.
+
+Backends, the gateway and the storage-server daemon all raise :class:`S3Error`;
+the gateway renders it as the S3 XML error body, the daemon sends it over RPC
+as ``{code, message, resource}``, and the client SDK re-raises it. HTTP status
+and default message live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class ErrorCode(Enum):
+    """S3 error codes with their HTTP status and default message."""
+
+    def __new__(cls, status: int, message: str) -> "ErrorCode":
+        obj = object.__new__(cls)
+        obj._value_ = len(cls.__members__) + 1
+        obj.status = status
+        obj.default_message = message
+        return obj
+
+    status: int
+    default_message: str
+
+    AccessDenied = (403, "Access Denied")
+    AuthorizationHeaderMalformed = (400, "The authorization header is malformed.")
+    AuthorizationQueryParametersError = (400, "Error parsing the X-Amz-Credential parameter.")
+    BadDigest = (400, "The Content-MD5 or checksum you specified did not match what we received.")
+    BucketAlreadyExists = (409, "The requested bucket name is not available.")
+    BucketAlreadyOwnedByYou = (409, "Your previous request to create the named bucket succeeded and you already own it.")
+    BucketNotEmpty = (409, "The bucket you tried to delete is not empty")
+    EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
+    EntityTooSmall = (400, "Your proposed upload is smaller than the minimum allowed object size.")
+    IncompleteBody = (400, "You did not provide the number of bytes specified by the Content-Length HTTP header.")
+    InternalError = (500, "We encountered an internal error. Please try again.")
+    InvalidAccessKeyId = (403, "The AWS Access Key Id you provided does not exist in our records.")
+    InvalidArgument = (400, "Invalid Argument")
+    InvalidBucketName = (400, "The specified bucket is not valid.")
+    InvalidDigest = (400, "The Content-MD5 or checksum you specified is not valid.")
+    InvalidLocationConstraint = (400, "The specified location-constraint is not valid.")
+    InvalidPart = (400, "One or more of the specified parts could not be found.")
+    InvalidPartOrder = (400, "The list of parts was not in ascending order.")
+    InvalidPartNumber = (416, "The requested partnumber is not satisfiable")
+    InvalidRange = (416, "The requested range is not satisfiable")
+    InvalidRequest = (400, "Invalid Request")
+    InvalidStorageClass = (400, "The storage class you specified is not valid.")
+    KeyTooLongError = (400, "Your key is too long.")
+    MalformedXML = (400, "The XML you provided was not well-formed or did not validate against our published schema.")
+    MetadataTooLarge = (400, "Your metadata headers exceed the maximum allowed metadata size.")
+    MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
+    MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
+    NoSuchBucket = (404, "The specified bucket does not exist")
+    NoSuchKey = (404, "The specified key does not exist.")
+    NoSuchVersion = (404, "The specified version does not exist.")
+    NoSuchUpload = (404, "The specified upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed.")
+    NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
+    NotModified = (304, "Not Modified")
+    PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
+    RequestTimeTooSkewed = (403, "The difference between the request time and the server's time is too large.")
+    ServiceUnavailable = (503, "Please reduce your request rate.")
+    SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
+    XAmzContentSHA256Mismatch = (400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
+
+
+@dataclass
+class S3Error(Exception):
+    """An S3-style failure. ``extra`` adds fields to the XML body (e.g. ``Key``)."""
+
+    code: ErrorCode
+    message: str = ""
+    resource: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.message:
+            self.message = self.code.default_message
+        super().__init__(f"{self.code.name}: {self.message}")
+
+    @property
+    def status(self) -> int:
+        return self.code.status
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code.name, "message": self.message, "resource": self.resource, "extra": self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "S3Error":
+        code = ErrorCode.__members__.get(str(d.get("code")), ErrorCode.InternalError)
+        return cls(code, str(d.get("message", "")), str(d.get("resource", "")), dict(d.get("extra") or {}))
