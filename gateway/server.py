@@ -12,7 +12,7 @@ from storage_server.backend import Backend
 from storage_server.config import Config
 from storage_server.errors import ErrorCode, S3Error
 
-from .auth.sigv4 import Credentials, SigV4Verifier, parse_query
+from .auth.sigv4 import Credentials, RequestVerifier, parse_query
 from .s3api import xml
 from .s3api.context import S3Request
 from .s3api.router import address, route
@@ -42,7 +42,7 @@ class Gateway:
         self.config = config
         self.backend = backend
         by_key = {t.access_key: Credentials(t.access_key, t.secret_key, t.name) for t in config.tenants}
-        self.verifier = SigV4Verifier(by_key.get, max_skew_s=config.gateway.max_clock_skew_s)
+        self.verifier = RequestVerifier(by_key.get, max_skew_s=config.gateway.max_clock_skew_s)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request_id = request["request_id"] = new_request_id()
@@ -50,7 +50,8 @@ class Gateway:
         addr = None
         try:
             addr = address(raw_path, request.headers.get("Host", ""), self.config.gateway.domains)
-            auth = self.verifier.verify(request.method, raw_path, raw_query, request.headers)
+            v2_resource = raw_path if addr.path_style else f"/{addr.bucket}{raw_path}"
+            auth = self.verifier.verify(request.method, raw_path, raw_query, request.headers, v2_resource)
             query = dict(parse_query(raw_query))
             handler = route(request.method, addr, query)
             req = S3Request(request, request_id, auth, self.backend, self.config.gateway, addr.bucket, addr.key, query)

@@ -23,6 +23,8 @@ from multidict import CIMultiDictProxy
 
 from storage_server.errors import ErrorCode, S3Error
 
+from . import sigv2
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 MAX_PRESIGN_EXPIRES = 7 * 24 * 3600
@@ -132,8 +134,8 @@ def _parse_scope(credential: str, amz_date: str, error: ErrorCode) -> tuple[str,
     return access_key, date, region, "/".join(parts[1:])
 
 
-class SigV4Verifier:
-    """Verifies requests against a credentials lookup."""
+class RequestVerifier:
+    """Authenticates requests (SigV4, and SigV2 for legacy presigned URLs) against a credentials lookup."""
 
     def __init__(self, lookup, max_skew_s: float = 900.0, clock=time.time) -> None:
         self._lookup = lookup  # access_key -> Credentials | None
@@ -146,21 +148,46 @@ class SigV4Verifier:
             raise S3Error(ErrorCode.InvalidAccessKeyId, extra={"AWSAccessKeyId": access_key})
         return creds
 
-    def verify(self, method: str, raw_path: str, raw_query: str, headers: CIMultiDictProxy[str]) -> AuthResult:
+    def verify(self, method: str, raw_path: str, raw_query: str, headers: CIMultiDictProxy[str], v2_resource: str | None = None) -> AuthResult:
+        """``v2_resource``: the path-style resource (``/bucket/key``) that SigV2 signs."""
         auth = headers.get("Authorization")
         if auth is not None:
+            if auth.startswith("AWS "):
+                return self._verify_v2(method, raw_query, headers, v2_resource or raw_path, auth[4:], None)
             return self._verify_header(method, raw_path, raw_query, headers, auth)
         if "X-Amz-Signature=" in raw_query or "X-Amz-Credential=" in raw_query:
             return self._verify_presigned(method, raw_path, raw_query, headers)
+        if "Signature=" in raw_query and "AWSAccessKeyId=" in raw_query:
+            q = dict(parse_query(raw_query))
+            cred = f"{q.get('AWSAccessKeyId', '')}:{q.get('Signature', '')}"
+            return self._verify_v2(method, raw_query, headers, v2_resource or raw_path, cred, q.get("Expires", ""))
         raise S3Error(ErrorCode.AccessDenied, "Anonymous access is not allowed; sign the request with SigV4.")
+
+    def _verify_v2(self, method, raw_query, headers, resource_path: str, credential: str, expires: str | None) -> AuthResult:
+        access_key, _, sig = credential.partition(":")
+        creds = self._credentials(access_key)
+        now = self._clock()
+        if expires is None:
+            ts, date_line = sigv2.request_time(headers)
+            if abs(now - ts) > self.max_skew_s:
+                raise S3Error(ErrorCode.RequestTimeTooSkewed)
+        else:
+            if not expires.isdigit():
+                raise S3Error(ErrorCode.AccessDenied, "Expires must be an integer (seconds since the epoch).")
+            if now > int(expires):
+                raise S3Error(ErrorCode.AccessDenied, "Request has expired", extra={"Expires": expires})
+            date_line = expires
+        resource = sigv2.canonical_resource(resource_path, parse_query(raw_query))
+        expected = sigv2.signature(creds.secret_key, sigv2.string_to_sign(method, headers, date_line, resource))
+        if not hmac.compare_digest(expected, sig):
+            raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
+        return AuthResult(creds.tenant, access_key, PayloadMode.UNSIGNED, None, b"", "", "", "")
 
     @staticmethod
     def _canonical_uri(raw_path: str) -> str:
         return uri_encode(unquote(raw_path), safe="/-_.~")
 
     def _verify_header(self, method, raw_path, raw_query, headers, auth: str) -> AuthResult:
-        if auth.startswith("AWS "):
-            raise S3Error(ErrorCode.InvalidRequest, "Signature Version 2 is not supported; use AWS4-HMAC-SHA256.")
         m = _AUTH_RE.match(auth.strip())
         if m is None:
             raise S3Error(ErrorCode.AuthorizationHeaderMalformed, f"The authorization header is malformed: {auth[:120]!r}")

@@ -20,6 +20,7 @@ Handler = Callable[[S3Request], Awaitable[web.StreamResponse]]
 class Address:
     bucket: str | None
     key: str | None
+    path_style: bool = True
 
 
 def address(raw_path: str, host: str, domains: tuple[str, ...]) -> Address:
@@ -34,7 +35,7 @@ def address(raw_path: str, host: str, domains: tuple[str, ...]) -> Address:
         if hostname.endswith("." + domain):
             bucket = hostname[: -len(domain) - 1]
             key = path[1:] if path.startswith("/") else path
-            return Address(bucket, key or None)
+            return Address(bucket, key or None, path_style=False)
     rest = path[1:] if path.startswith("/") else path
     if not rest:
         return Address(None, None)

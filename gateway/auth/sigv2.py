@@ -1,0 +1,60 @@
+"""AWS Signature Version 2 (HMAC-SHA1), header and query-string forms.
+
+boto3 and aws-cli v1 still presign S3 URLs with it by default, so a gateway
+that refused it would break ``aws s3 presign``. The payload is not signed in
+V2; Content-MD5, when sent, still protects it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from email.utils import parsedate_to_datetime
+
+from multidict import CIMultiDictProxy
+
+from storage_server.errors import ErrorCode, S3Error
+
+# Sub-resources that are part of the V2 canonical resource (as botocore signs them).
+SUBRESOURCES = frozenset(
+    "accelerate acl cors defaultObjectAcl location logging partNumber policy requestPayment torrent versioning versionId "
+    "versions website uploads uploadId response-content-type response-content-language response-expires "
+    "response-cache-control response-content-disposition response-content-encoding delete lifecycle tagging restore "
+    "storageClass notification replication analytics metrics inventory select select-type object-lock".split()
+)
+
+
+def canonical_resource(resource_path: str, pairs: list[tuple[str, str]]) -> str:
+    subs = sorted((k, v) for k, v in pairs if k in SUBRESOURCES)
+    if not subs:
+        return resource_path
+    return resource_path + "?" + "&".join(f"{k}={v}" if v else k for k, v in subs)
+
+
+def string_to_sign(method: str, headers: CIMultiDictProxy[str], date_line: str, resource: str) -> str:
+    amz = {}
+    for k in headers:
+        lk = k.lower()
+        if lk.startswith("x-amz-"):
+            amz[lk] = ",".join(v.strip() for v in headers.getall(k))
+    lines = [method, headers.get("Content-MD5", "").strip(), headers.get("Content-Type", "").strip(), date_line]
+    lines += [f"{k}:{amz[k]}" for k in sorted(amz)]
+    return "\n".join(lines + [resource])
+
+
+def signature(secret: str, sts: str) -> str:
+    return base64.b64encode(hmac.new(secret.encode(), sts.encode(), hashlib.sha1).digest()).decode()
+
+
+def request_time(headers: CIMultiDictProxy[str]) -> tuple[float, str]:
+    """(time of the request, the Date line it contributes to the string to sign)."""
+    amz_date = headers.get("x-amz-date")
+    raw = amz_date or headers.get("Date")
+    if not raw:
+        raise S3Error(ErrorCode.AccessDenied, "AWS authentication requires a valid Date or x-amz-date header")
+    try:
+        ts = parsedate_to_datetime(raw).timestamp()
+    except (TypeError, ValueError, IndexError):
+        raise S3Error(ErrorCode.AccessDenied, f"Invalid date {raw!r}") from None
+    return ts, "" if amz_date else raw.strip()

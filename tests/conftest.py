@@ -1,0 +1,84 @@
+"""Fixtures that start real ObjectCache processes and hand out real clients."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from support import ServerProcess, TenantKeys, boto_client, make_tenants, write_config
+
+
+@pytest.fixture(scope="session")
+def tenants() -> dict[str, TenantKeys]:
+    return {t.name: t for t in make_tenants("alice", "bob")}
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tenants) -> ServerProcess:
+    """One ``objectcache serve`` for the session: gateway + storage server, two tenants."""
+    root = tmp_path_factory.mktemp("objectcache")
+    config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()))
+    proc = ServerProcess(config).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(server, tenants):
+    return boto_client(server.endpoint, tenants["alice"])
+
+
+@pytest.fixture(scope="session")
+def s3_bob(server, tenants):
+    return boto_client(server.endpoint, tenants["bob"])
+
+
+@pytest.fixture
+def bucket(s3) -> str:
+    """A fresh bucket owned by alice, emptied and removed afterwards."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    for u in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=name, Key=u["Key"], UploadId=u["UploadId"])
+    s3.delete_bucket(Bucket=name)
+
+
+class AwsCli:
+    """The real ``aws`` command, pointed at the test server as tenant alice."""
+
+    def __init__(self, exe: str, endpoint: str, tenant: TenantKeys, home: Path) -> None:
+        self.exe, self.endpoint = exe, endpoint
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": str(home),
+            "AWS_ACCESS_KEY_ID": tenant.access_key,
+            "AWS_SECRET_ACCESS_KEY": tenant.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(home / "config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
+        }
+
+    def __call__(self, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+        argv = [self.exe, "--endpoint-url", self.endpoint, *args]
+        r = subprocess.run(argv, env=self.env, capture_output=True, input=input, timeout=300)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout.decode()}\n{r.stderr.decode()}")
+        return r
+
+
+@pytest.fixture(scope="session")
+def aws(server, tenants, tmp_path_factory) -> AwsCli:
+    exe = os.environ.get("OBJECTCACHE_AWS_CLI") or shutil.which("aws")
+    if not exe:
+        pytest.fail("aws-cli not found: run the tests with `make test`, which installs it into .venv-aws")
+    return AwsCli(exe, server.endpoint, tenants["alice"], tmp_path_factory.mktemp("awshome"))
