@@ -79,7 +79,7 @@ async def _stamp_response(request: web.Request, response: web.StreamResponse) ->
 
 def build_app(config: Config, backend: Backend) -> web.Application:
     gw = Gateway(config, backend)
-    app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536})
+    app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536, "auto_decompress": False})
     app[BACKEND_KEY] = backend
     app[CONFIG_KEY] = config
     app.router.add_route("*", "/{tail:.*}", gw.handle)

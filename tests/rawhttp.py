@@ -34,7 +34,7 @@ def send(endpoint: str, method: str, path: str, headers: dict[str, str] | None =
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         for k, v in (headers or {}).items():
-            conn.putheader(k, v)
+            conn.putheader(k, v.encode() if isinstance(v, str) else v)
         conn.endheaders(body if body else None)
         r = conn.getresponse()
         return RawResponse(r.status, r.headers, r.read())

@@ -61,13 +61,13 @@ async def _read_meta(req: S3Request) -> tuple[ObjectMeta, ByteRange | None, int,
         if not meta.part_sizes:
             rng = None if meta.size == rng.length else rng  # type: ignore[union-attr]
         headers["x-amz-mp-parts-count"] = str(len(meta.part_sizes) or 1)
-        for k in [k for k in headers if k.startswith("x-amz-checksum-")]:
-            del headers[k]  # a part has no whole-object checksum
     else:
         rng = h.parse_range(req.headers.get("Range"), meta.size)
     status = 200
     if rng is not None:
         status = 206
+        for k in [k for k in headers if k.startswith("x-amz-checksum-")]:
+            del headers[k]  # a byte range has no whole-object checksum
         headers["Content-Range"] = f"bytes {rng.start}-{rng.end - 1}/{meta.size}"
     for param, header in h.RESPONSE_OVERRIDES.items():
         if param in req.query:

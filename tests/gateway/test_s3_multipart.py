@@ -1,0 +1,150 @@
+"""Multipart uploads through boto3."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from botocore.exceptions import ClientError
+
+MiB = 1024 * 1024
+
+
+def code(e) -> str:
+    return e.value.response["Error"]["Code"]
+
+
+def multipart_etag(parts: list[bytes]) -> str:
+    return f'"{hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()}-{len(parts)}"'
+
+
+def upload(s3, bucket, key, parts, **create_kw):
+    uid = s3.create_multipart_upload(Bucket=bucket, Key=key, **create_kw)["UploadId"]
+    etags = [s3.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=i + 1, Body=p)["ETag"] for i, p in enumerate(parts)]
+    return uid, etags
+
+
+def test_full_multipart_cycle(s3, bucket):
+    parts = [os.urandom(5 * MiB), os.urandom(5 * MiB), os.urandom(1234)]
+    uid, etags = upload(s3, bucket, "big", parts, Metadata={"kind": "mp"}, ContentType="application/x-mp")
+    listed = s3.list_parts(Bucket=bucket, Key="big", UploadId=uid)
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed["Parts"]] == [(i + 1, len(p), e) for i, (p, e) in enumerate(zip(parts, etags))]
+    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [uid]
+    done = s3.complete_multipart_upload(Bucket=bucket, Key="big", UploadId=uid,
+                                        MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]})
+    assert done["ETag"] == multipart_etag(parts)
+    got = s3.get_object(Bucket=bucket, Key="big")
+    assert got["Body"].read() == b"".join(parts)
+    assert got["Metadata"] == {"kind": "mp"} and got["ContentType"] == "application/x-mp"
+    assert "Uploads" not in s3.list_multipart_uploads(Bucket=bucket)
+
+
+def test_get_and_head_by_part_number(s3, bucket):
+    parts = [b"a" * 5 * MiB, b"b" * 3]
+    uid, etags = upload(s3, bucket, "p", parts)
+    s3.complete_multipart_upload(Bucket=bucket, Key="p", UploadId=uid,
+                                 MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]})
+    got = s3.get_object(Bucket=bucket, Key="p", PartNumber=2)
+    assert got["Body"].read() == b"bbb" and got["PartsCount"] == 2
+    head = s3.head_object(Bucket=bucket, Key="p", PartNumber=1)
+    assert head["ContentLength"] == 5 * MiB and head["PartsCount"] == 2
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="p", PartNumber=3)
+    assert code(e) == "InvalidPartNumber"
+
+
+def test_part_number_on_plain_object(s3, bucket):
+    s3.put_object(Bucket=bucket, Key="plain", Body=b"whole")
+    got = s3.get_object(Bucket=bucket, Key="plain", PartNumber=1)
+    assert got["Body"].read() == b"whole" and got["PartsCount"] == 1
+
+
+def test_entity_too_small(s3, bucket):
+    uid, etags = upload(s3, bucket, "small", [b"x" * 100, b"y" * 100])
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="small", UploadId=uid,
+                                     MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]})
+    assert code(e) == "EntityTooSmall"
+
+
+def test_invalid_part_and_order(s3, bucket):
+    uid, etags = upload(s3, bucket, "k", [b"x" * 5 * MiB, b"y"])
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00000000000000000000000000000000"'}]})
+    assert code(e) == "InvalidPart"
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": etags[1]}, {"PartNumber": 1, "ETag": etags[0]}]})
+    assert code(e) == "InvalidPartOrder"
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": [{"PartNumber": 3, "ETag": etags[0]}]})
+    assert code(e) == "InvalidPart"
+    # A subset of parts (skipping 2) is a valid completion.
+    s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etags[0]}]})
+    assert s3.head_object(Bucket=bucket, Key="k")["ContentLength"] == 5 * MiB
+
+
+def test_abort(s3, bucket):
+    uid, _ = upload(s3, bucket, "ab", [b"x"])
+    s3.abort_multipart_upload(Bucket=bucket, Key="ab", UploadId=uid)
+    with pytest.raises(ClientError) as e:
+        s3.list_parts(Bucket=bucket, Key="ab", UploadId=uid)
+    assert code(e) == "NoSuchUpload"
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="ab", UploadId=uid, PartNumber=1, Body=b"x")
+    assert code(e) == "NoSuchUpload"
+
+
+def test_invalid_part_number(s3, bucket):
+    uid, _ = upload(s3, bucket, "n", [])
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="n", UploadId=uid, PartNumber=10001, Body=b"x")
+    assert code(e) == "InvalidArgument"
+
+
+def test_upload_part_copy_with_ranges(s3, bucket):
+    src = os.urandom(12 * MiB)
+    s3.put_object(Bucket=bucket, Key="src", Body=src)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="assembled")["UploadId"]
+    r1 = s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=1,
+                             CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=f"bytes=0-{6 * MiB - 1}")
+    r2 = s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=2,
+                             CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=f"bytes={10 * MiB}-{12 * MiB - 1}")
+    assert r1["CopyPartResult"]["ETag"] == f'"{hashlib.md5(src[:6 * MiB]).hexdigest()}"'
+    s3.complete_multipart_upload(Bucket=bucket, Key="assembled", UploadId=uid, MultipartUpload={"Parts": [
+        {"PartNumber": 1, "ETag": r1["CopyPartResult"]["ETag"]}, {"PartNumber": 2, "ETag": r2["CopyPartResult"]["ETag"]}]})
+    assert s3.get_object(Bucket=bucket, Key="assembled")["Body"].read() == src[: 6 * MiB] + src[10 * MiB :]
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="bad")["UploadId"]
+    with pytest.raises(ClientError) as e:
+        s3.upload_part_copy(Bucket=bucket, Key="bad", UploadId=uid, PartNumber=1,
+                            CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=f"bytes=0-{12 * MiB}")
+    assert code(e) == "InvalidRange"
+
+
+def test_multipart_with_checksums(s3, bucket):
+    parts = [os.urandom(5 * MiB), os.urandom(10)]
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="ck", ChecksumAlgorithm="CRC32")["UploadId"]
+    up = [s3.upload_part(Bucket=bucket, Key="ck", UploadId=uid, PartNumber=i + 1, Body=p, ChecksumAlgorithm="CRC32") for i, p in enumerate(parts)]
+    listed = s3.list_parts(Bucket=bucket, Key="ck", UploadId=uid)["Parts"]
+    assert [p["ChecksumCRC32"] for p in listed] == [u["ChecksumCRC32"] for u in up]
+    done = s3.complete_multipart_upload(Bucket=bucket, Key="ck", UploadId=uid, MultipartUpload={"Parts": [
+        {"PartNumber": i + 1, "ETag": u["ETag"], "ChecksumCRC32": u["ChecksumCRC32"]} for i, u in enumerate(up)]})
+    assert done["ChecksumCRC32"].endswith("-2")
+    assert s3.get_object(Bucket=bucket, Key="ck", ChecksumMode="ENABLED")["Body"].read() == b"".join(parts)
+
+
+def test_list_multipart_uploads_prefix_and_pagination(s3, bucket):
+    ids = {}
+    for k in ["x/1", "x/2", "y/1"]:
+        ids[k] = s3.create_multipart_upload(Bucket=bucket, Key=k)["UploadId"]
+    r = s3.list_multipart_uploads(Bucket=bucket, Prefix="x/")
+    assert [u["Key"] for u in r["Uploads"]] == ["x/1", "x/2"]
+    r = s3.list_multipart_uploads(Bucket=bucket, MaxUploads=2)
+    assert r["IsTruncated"] and len(r["Uploads"]) == 2
+    r2 = s3.list_multipart_uploads(Bucket=bucket, KeyMarker=r["NextKeyMarker"], UploadIdMarker=r["NextUploadIdMarker"])
+    assert [u["Key"] for u in r2["Uploads"]] == ["y/1"]
+    r = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["x/", "y/"]
