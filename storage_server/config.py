@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,9 @@ def _section(name: str, cls: type, raw: dict[str, Any]) -> Any:
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(unknown)} (known: {', '.join(known)})")
+    missing = [k for k, f in known.items() if f.default is MISSING and f.default_factory is MISSING and k not in raw]
+    if missing:
+        raise ConfigError(f"[{name}] is missing required key(s): {', '.join(missing)}")
     values = {k: _coerce(f"{name}.{k}", known[k].type, v) for k, v in raw.items()}
     return cls(**values)
 

@@ -99,6 +99,10 @@ class ByteRange:
 BodyStream = AsyncIterator[bytes]
 
 
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
 class Backend(abc.ABC):
     """An object store. Implementations must make writes atomic and durable."""
 
@@ -115,6 +119,16 @@ class Backend(abc.ABC):
     # -- objects -----------------------------------------------------------
     @abc.abstractmethod
     async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta: ...
+    async def put_many(self, bucket: str, items: list[tuple[str, bytes, PutSpec]], owner: str) -> list[ObjectMeta]:
+        """Store many small objects; all are durable before it returns.
+
+        Backends override this to amortise durability work over the batch.
+        """
+        out = []
+        for key, data, spec in items:
+            out.append(await self.put_object(bucket, key, _once(data), spec, owner))
+        return out
+
     @abc.abstractmethod
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
     @abc.abstractmethod
@@ -122,6 +136,11 @@ class Backend(abc.ABC):
         """Stream the bytes of the object version described by ``meta``."""
     @abc.abstractmethod
     async def delete_object(self, bucket: str, key: str) -> None: ...
+    async def delete_many(self, bucket: str, keys: list[str]) -> None:
+        """Delete many keys (missing ones are not an error). Backends batch this."""
+        for key in keys:
+            await self.delete_object(bucket, key)
+
     @abc.abstractmethod
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta: ...
     @abc.abstractmethod

@@ -319,6 +319,78 @@ class LocalDiskBackend(Backend):
         )
         return await self._run(self._commit_new_file, tmp, meta, spec.immutable)
 
+    async def put_many(self, bucket: str, items: list[tuple[str, bytes, PutSpec]], owner: str) -> list[ObjectMeta]:
+        await self.get_bucket(bucket)
+        return await self._run(self._put_many_sync, bucket, items, owner)
+
+    def _put_many_sync(self, bucket: str, items: list[tuple[str, bytes, PutSpec]], owner: str) -> list[ObjectMeta]:
+        """Write every file, one durability barrier, publish, one transaction.
+
+        ``os.sync`` once per batch costs far less than an ``fsync`` per small
+        file; nothing is visible or acknowledged before the commit.
+        """
+        now = time.time()
+        staged: list[tuple[Path, ObjectMeta, bool]] = []
+        try:
+            for key, data, spec in items:
+                d = Digester(set(spec.checksum_algorithms) | set(spec.expected_checksums))
+                d.update(data)
+                self._verify(spec, d)
+                tmp = self._new_tmp()
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                meta = ObjectMeta(
+                    bucket=bucket, key=key, size=d.size, etag=f'"{d.md5.hexdigest()}"', last_modified=now,
+                    content_type=spec.content_type, user_metadata=spec.user_metadata,
+                    system_headers=spec.system_headers, checksums=d.checksum_values(), owner=owner,
+                )
+                staged.append((tmp, meta, spec.immutable))
+            os.sync()
+            published = [(self._final_path_no_sync(tmp), meta, imm) for tmp, meta, imm in staged]
+            staged = []
+            os.sync()
+        except BaseException:
+            for tmp, _, _ in staged:
+                tmp.unlink(missing_ok=True)
+            raise
+
+        def tx(db: sqlite3.Connection) -> tuple[list[ObjectMeta], list[str]]:
+            self._bucket_exists(db, bucket)
+            results, garbage = [], []
+            for final, meta, immutable in published:
+                old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
+                if old is not None and (immutable or old[12]):
+                    existing = self._row_to_meta(old)
+                    if (existing.etag, existing.size) != (meta.etag, meta.size):
+                        raise S3Error(
+                            ErrorCode.InvalidRequest,
+                            f"Object {meta.key!r} is an immutable KV chunk and already exists with different bytes.",
+                            resource=f"/{bucket}/{meta.key}", extra={"Key": meta.key},
+                        )
+                    garbage.append(str(final))
+                    results.append(existing)
+                    continue
+                if old is not None:
+                    garbage.append(old[10])
+                self._insert_object(db, meta, str(final), immutable)
+                results.append(meta)
+            return results, garbage
+
+        try:
+            results, garbage = self._write_tx(tx)
+        except BaseException:
+            for final, _, _ in published:
+                final.unlink(missing_ok=True)
+            raise
+        for g in garbage:
+            Path(g).unlink(missing_ok=True)
+        return results
+
+    def _final_path_no_sync(self, tmp: Path) -> Path:
+        final = self._final_path()
+        os.rename(tmp, final)
+        return final
+
     def _commit_new_file(self, tmp: Path, meta: ObjectMeta, immutable: bool = False) -> ObjectMeta:
         final = self._publish(tmp)
 
@@ -419,6 +491,22 @@ class LocalDiskBackend(Backend):
         path = await self._run(self._write_tx, tx)
         if path:
             Path(path).unlink(missing_ok=True)
+
+    async def delete_many(self, bucket: str, keys: list[str]) -> None:
+        def tx(db: sqlite3.Connection) -> list[str]:
+            self._bucket_exists(db, bucket)
+            paths = []
+            for key in keys:
+                row = db.execute("DELETE FROM objects WHERE bucket=? AND key=? RETURNING path", (bucket, key.encode())).fetchone()
+                if row:
+                    paths.append(row[0])
+            return paths
+
+        def work() -> None:
+            for path in self._write_tx(tx):
+                Path(path).unlink(missing_ok=True)
+
+        await self._run(work)
 
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
         meta = ObjectMeta(

@@ -122,19 +122,20 @@ async def delete_objects(req: S3Request) -> web.Response:
     if len(objects) > MAX_DELETE_KEYS:
         raise S3Error(ErrorCode.MalformedXML, f"A DeleteObjects request may name at most {MAX_DELETE_KEYS} keys; got {len(objects)}.")
     results: list[xml.Node] = []
+    deletable: list[str] = []
     for obj in objects:
         key = xml.child_text(obj, "Key")
         if key is None:
             raise S3Error(ErrorCode.MalformedXML, "Every <Object> needs a <Key>.")
         version = xml.child_text(obj, "VersionId")
-        try:
-            if version not in (None, "null"):
-                raise S3Error(ErrorCode.NoSuchVersion, extra={"Key": key})
-            await req.backend.delete_object(req.bucket, key)  # type: ignore[arg-type]
-            if not quiet:
-                results.append(("Deleted", [("Key", key), ("VersionId", version)]))
-        except S3Error as e:
-            results.append(("Error", [("Key", key), ("VersionId", version), ("Code", e.code.name), ("Message", e.message)]))
+        if version not in (None, "null"):
+            results.append(("Error", [("Key", key), ("VersionId", version), ("Code", ErrorCode.NoSuchVersion.name),
+                                      ("Message", ErrorCode.NoSuchVersion.default_message)]))
+            continue
+        deletable.append(key)
+    await req.backend.delete_many(req.bucket, deletable)  # type: ignore[arg-type]
+    if not quiet:
+        results += [("Deleted", [("Key", key)]) for key in deletable]
     return xml_response("DeleteResult", results)
 
 

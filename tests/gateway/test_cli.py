@@ -1,0 +1,66 @@
+"""The `objectcache` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+from support import REPO, ServerProcess, boto_client, TenantKeys
+
+
+def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd or REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_bad_config_refused_at_startup(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[gateway]\nprot = 9000\n")
+    r = run_cli("serve", "--config", str(cfg))
+    assert r.returncode == 2
+    assert "prot" in r.stderr and "configuration error" in r.stderr
+
+
+def test_serve_without_config_uses_printed_dev_credentials(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n')
+    proc = ServerProcess(cfg).start()
+    try:
+        text = "".join(proc.output)
+        ak = text.split("access key:")[1].split()[0]
+        sk = text.split("secret key:")[1].split()[0]
+        env_file = (tmp_path / "data" / "dev-credentials.env").read_text()
+        assert f"AWS_ACCESS_KEY_ID={ak}" in env_file and f"AWS_SECRET_ACCESS_KEY={sk}" in env_file
+        s3 = boto_client(proc.endpoint, TenantKeys("dev", ak, sk))
+        s3.create_bucket(Bucket="devbucket")
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["devbucket"]
+        assert proc.stop(signal.SIGTERM) == 0
+        # Restarting on the same data directory keeps the same keys and the data.
+        proc.start()
+        again = "".join(proc.output)
+        assert again.count(f"access key:     {ak}") == 2
+        assert [b["Name"] for b in boto_client(proc.endpoint, TenantKeys("dev", ak, sk)).list_buckets()["Buckets"]] == ["devbucket"]
+        assert proc.stop(signal.SIGINT) == 0
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+
+
+def test_storage_server_alone_answers_rpc(tmp_path):
+    sock_path = tmp_path / "ss.sock"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n[storage_server]\nsocket = "{sock_path}"\n')
+    proc = ServerProcess(cfg, command="storage-server").start()
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(sock_path))
+            s.sendall(b'{"op": "ping"}\n{"op": "nope"}\n')
+            f = s.makefile("rb")
+            assert json.loads(f.readline()) == {"ok": True, "pong": True}
+            err = json.loads(f.readline())
+            assert err["ok"] is False and err["error"]["code"] == "InvalidRequest" and "nope" in err["error"]["message"]
+    finally:
+        assert proc.stop() == 0
