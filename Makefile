@@ -28,7 +28,7 @@ $(AWS_STAMP): Makefile
 	$(AWS_VENV)/bin/python -m pip install -q '$(AWSCLI_SPEC)'
 	@touch $@
 
-serve: $(STAMP)
+serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
 test: $(STAMP) $(AWS_STAMP)
