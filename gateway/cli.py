@@ -83,13 +83,15 @@ def cmd_storage_server(args: argparse.Namespace) -> int:
 
     async def start():
         backend = open_backend(cfg)
-        server = await StorageServer(cfg, backend).start()
+        daemon = StorageServer(cfg, backend)
+        server = await daemon.start()
         where = cfg.storage_server.tcp or str(cfg.rpc_socket)
         print(f"{READY} storage-server {where}", flush=True)
 
         async def cleanup() -> None:
             server.close()
             await server.wait_closed()
+            daemon.close()
             await backend.close()
 
         return cleanup

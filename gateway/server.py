@@ -12,10 +12,12 @@ from storage_server.backend import Backend
 from storage_server.config import Config
 from storage_server.errors import ErrorCode, S3Error
 
+from .kv import handlers as kv_handlers
+from .storage_rpc import StorageServerClient
 from .auth.sigv4 import Credentials, RequestVerifier, parse_query
 from .s3api import xml
 from .s3api.context import S3Request
-from .s3api.router import address, route
+from .s3api.router import EXTENSIONS, address, route
 
 log = logging.getLogger("objectcache.gateway")
 
@@ -60,8 +62,8 @@ class Gateway:
             if not err.resource and addr is not None:
                 err.resource = "/" + "/".join(p for p in (addr.bucket, addr.key) if p)
             return error_response(err, request_id, request.method)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+        except (ConnectionError, asyncio.CancelledError):
+            raise  # the client or a relayed stream went away: aiohttp closes the connection
         except Exception:
             log.exception("internal error (request %s)", request_id)
             return error_response(S3Error(ErrorCode.InternalError), request_id, request.method)
@@ -77,11 +79,15 @@ async def _stamp_response(request: web.Request, response: web.StreamResponse) ->
     response.headers["Server"] = "ObjectCache"
 
 
+kv_handlers.register(EXTENSIONS)
+
+
 def build_app(config: Config, backend: Backend) -> web.Application:
     gw = Gateway(config, backend)
     app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536, "auto_decompress": False})
     app[BACKEND_KEY] = backend
     app[CONFIG_KEY] = config
+    app[kv_handlers.RPC_KEY] = StorageServerClient(config)
     app.router.add_route("*", "/{tail:.*}", gw.handle)
     app.on_response_prepare.append(_stamp_response)
 

@@ -1,7 +1,10 @@
-"""The storage-server daemon: owns the store and answers the gateway's RPC.
+"""The storage-server daemon: owns the store, executes KV descriptors, answers the gateway's RPC.
 
-It listens on a Unix socket (or TCP) and speaks newline-delimited JSON
-requests. The KV descriptor executor plugs into the same dispatch table.
+RPC (Unix socket by default, TCP configurable): each request is one JSON line,
+optionally followed by ``body`` raw bytes (a descriptor). Replies are one JSON
+line; ``kv-get`` then streams wire frames (``storage_server.wire``) until the
+END or ERROR frame and closes the connection, so the gateway can relay the
+bytes without parsing them.
 """
 
 from __future__ import annotations
@@ -17,12 +20,19 @@ from typing import Any
 from .backend import Backend, LocalDiskBackend
 from .config import Config
 from .errors import ErrorCode, S3Error
+from .executor import ChunkPlan, Executor, choose_mode, open_chunks
+from .regions import RegionRegistry
+from .transports import FrameSink, HttpTransport, ShmTransport, Transport
+from .transports.rdma import open_rdma_transport
+from .wire import Descriptor, Transport as TransportKind, decode_descriptor
 
 log = logging.getLogger("objectcache.storage_server")
 
-MAX_REQUEST_LINE = 16 * 1024 * 1024
+MAX_REQUEST_LINE = 1 << 20
+MAX_BODY = 64 << 20
 
-RpcHandler = Callable[["StorageServer", dict[str, Any]], Awaitable[dict[str, Any]]]
+Reply = dict[str, Any] | None  # None: the handler streamed its own response
+RpcHandler = Callable[["StorageServer", dict[str, Any], bytes, asyncio.StreamWriter], Awaitable[Reply]]
 
 
 def open_backend(config: Config) -> Backend:
@@ -30,29 +40,74 @@ def open_backend(config: Config) -> Backend:
     return LocalDiskBackend(config.data_dir, io_threads=config.store.io_threads)
 
 
+class TestGate:
+    """Test hook (``storage_server.test_hooks = true`` only): hold the next transfer before a layer.
+
+    Lets a test show with events, not timing, that layer 0 reaches the client
+    while later layers are not yet written.
+    """
+
+    def __init__(self) -> None:
+        self.before_layer: int | None = None
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def check(self, layer: int) -> None:
+        if self.before_layer is not None and layer == self.before_layer:
+            self.before_layer = None
+            self.held.set()
+            await self.release.wait()
+
+
 class StorageServer:
     def __init__(self, config: Config, backend: Backend) -> None:
         self.config = config
         self.backend = backend
         self.started = time.time()
-        self.handlers: dict[str, RpcHandler] = {"ping": _ping, "status": _status}
+        ss = config.storage_server
+        self.executor = Executor(ss.io_threads, ss.theta_bytes)
+        self.regions = RegionRegistry()
+        self.gate = TestGate() if ss.test_hooks else None
+        self.active: dict[str, dict[str, Any]] = {}
+        self.completed = 0
+        self.bytes_delivered = 0
+        self.handlers: dict[str, RpcHandler] = {
+            "ping": _ping,
+            "status": _status,
+            "kv-get": _kv_get,
+            "kv-register": _kv_register,
+            "kv-unregister": _kv_unregister,
+        }
+        if self.gate is not None:
+            self.handlers["test-hold"] = _test_hold
+            self.handlers["test-release"] = _test_release
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
+                body = b""
                 try:
                     request = json.loads(line)
+                    if not isinstance(request, dict):
+                        raise ValueError("request must be a JSON object")
+                    n = int(request.get("body", 0))
+                    if not 0 <= n <= MAX_BODY:
+                        raise ValueError(f"body of {n} bytes is out of range")
+                    body = await reader.readexactly(n) if n else b""
                     handler = self.handlers.get(request.get("op"))
                     if handler is None:
                         raise S3Error(ErrorCode.InvalidRequest, f"unknown storage-server op {request.get('op')!r}")
-                    reply = {"ok": True, **await handler(self, request)}
+                    reply = await handler(self, request, body, writer)
+                    if reply is None:
+                        break  # streamed; one streaming request per connection
+                    reply = {"ok": True, **reply}
                 except S3Error as e:
                     reply = {"ok": False, "error": e.to_dict()}
-                except (ValueError, AttributeError) as e:
+                except (ValueError, TypeError, AttributeError) as e:
                     reply = {"ok": False, "error": S3Error(ErrorCode.InvalidRequest, f"bad RPC request: {e}").to_dict()}
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
@@ -69,10 +124,103 @@ class StorageServer:
         os.chmod(path, 0o600)
         return server
 
+    def close(self) -> None:
+        self.executor.close()
+        self.regions.close()
 
-async def _ping(server: StorageServer, request: dict[str, Any]) -> dict[str, Any]:
+
+async def _ping(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
     return {"pong": True}
 
 
-async def _status(server: StorageServer, request: dict[str, Any]) -> dict[str, Any]:
-    return {"uptime_s": time.time() - server.started, "data_dir": str(server.config.data_dir), "pid": os.getpid()}
+async def _status(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    return {
+        "uptime_s": time.time() - server.started,
+        "data_dir": str(server.config.data_dir),
+        "pid": os.getpid(),
+        "regions": len(server.regions),
+        "transfers_active": list(server.active.values()),
+        "transfers_completed": server.completed,
+        "bytes_delivered": server.bytes_delivered,
+    }
+
+
+def _transport(server: StorageServer, tenant: str, d: Descriptor, frames: FrameSink) -> Transport:
+    t = d.target
+    if t.transport == TransportKind.SHM:
+        region = server.regions.resolve(tenant, t.region_id, t.token, t.offset, d.payload_bytes)
+        return ShmTransport(frames, region, t.offset, d.layer_bytes, d.num_layers)
+    if t.transport == TransportKind.HTTP:
+        return HttpTransport(frames, t.offset, d.layer_bytes, d.num_layers)
+    return open_rdma_transport(d)
+
+
+async def _kv_get(server: StorageServer, request: dict[str, Any], body: bytes, writer: asyncio.StreamWriter) -> Reply:
+    tenant, bucket, request_id = str(request["tenant"]), str(request["bucket"]), str(request.get("request_id", ""))
+    d = decode_descriptor(body, server.config.storage_server.max_keys)
+    mode = choose_mode(d, server.executor.theta_bytes)
+    frames = FrameSink(writer)
+    transport = _transport(server, tenant, d, frames)
+    plan = None
+    try:
+        locations = await server.backend.locate(bucket, d.chunk_keys)
+        fds = await asyncio.get_running_loop().run_in_executor(server.executor.pool, open_chunks, locations, d)
+        plan = ChunkPlan(d, fds, mode)
+        # Validation passed: nothing can fail for the client's input from here on.
+        writer.write(json.dumps({"ok": True, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes, "num_layers": d.num_layers}).encode() + b"\n")
+        server.active[request_id] = {"request_id": request_id, "tenant": tenant, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes}
+        pace = server.gate.check if server.gate is not None else None
+        try:
+            stats = await server.executor.run(plan, transport, _layer_counter(pace) if pace else None)
+            stats["request_id"] = request_id
+            await frames.end(stats)
+            server.completed += 1
+            server.bytes_delivered += d.payload_bytes
+        except S3Error as e:
+            await frames.error(e.to_dict())
+        except (ConnectionResetError, BrokenPipeError):
+            log.info("client of %s went away; transfer stopped", request_id)
+        except Exception as e:
+            log.exception("transfer %s failed", request_id)
+            await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+        return None
+    finally:
+        server.active.pop(request_id, None)
+        if plan is not None:
+            plan.close()
+        transport.close()
+
+
+def _layer_counter(check: Callable[[int], Awaitable[None]]) -> Callable[[int], Awaitable[None]]:
+    layer = [0]
+
+    async def pace(_nbytes: int) -> None:
+        await check(layer[0])
+        layer[0] += 1
+
+    return pace
+
+
+async def _kv_register(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    region = server.regions.register(str(request["tenant"]), str(request["name"]), int(request["size"]), bytes.fromhex(str(request["nonce"])))
+    return {"region_id": region.region_id.hex(), "token": region.token.hex(), "size": region.size}
+
+
+async def _kv_unregister(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    server.regions.unregister(str(request["tenant"]), bytes.fromhex(str(request["region_id"])), bytes.fromhex(str(request["token"])))
+    return {}
+
+
+async def _test_hold(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    assert server.gate is not None
+    server.gate.before_layer = int(request["before_layer"])
+    server.gate.held.clear()
+    server.gate.release.clear()
+    return {}
+
+
+async def _test_release(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    assert server.gate is not None
+    held = server.gate.held.is_set()
+    server.gate.release.set()
+    return {"was_held": held}

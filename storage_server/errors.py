@@ -62,6 +62,13 @@ class ErrorCode(Enum):
     RequestTimeTooSkewed = (403, "The difference between the request time and the server's time is too large.")
     ServiceUnavailable = (503, "Please reduce your request rate.")
     SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
+    # KV extensions (ObjectCache): each names the offending field or key.
+    KVChunkSizeMismatch = (400, "A chunk object's size is not num_layers * per_layer_chunk_bytes.")
+    KVInvalidDescriptor = (400, "The KV descriptor is malformed.")
+    KVNoSuchRegion = (404, "The registered memory region does not exist (re-register it).")
+    KVTargetTooSmall = (400, "The delivery target is smaller than the payload.")
+    KVTooManyKeys = (400, "The descriptor names more chunk keys than this server accepts.")
+    KVUnsupportedVersion = (400, "The descriptor version is not supported by this server.")
     XAmzContentSHA256Mismatch = (400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
 
 

@@ -58,14 +58,15 @@ def route(method: str, addr: Address, query: dict[str, str]) -> Handler:
     for sub in query:
         if sub in UNSUPPORTED_SUBRESOURCES:
             raise S3Error(ErrorCode.NotImplemented, f"The {sub!r} sub-resource is not implemented by ObjectCache.")
+    level = "service" if addr.bucket is None else "bucket" if addr.key is None else "object"
+    for (m, lvl, sub), handler in EXTENSIONS.items():
+        if m == method and lvl == level and sub in query:
+            return handler
     if addr.bucket is None:
         if method == "GET":
             return buckets.list_buckets
         raise S3Error(ErrorCode.MethodNotAllowed)
     if addr.key is None:
-        for (m, level, sub), handler in EXTENSIONS.items():
-            if m == method and level == "bucket" and sub in query:
-                return handler
         table: dict[str, Handler] | None = {
             "GET": _bucket_get(query),
             "PUT": buckets.create_bucket,

@@ -12,6 +12,8 @@ import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from ..errors import ErrorCode, S3Error
+
 
 @dataclass(frozen=True)
 class BucketInfo:
@@ -140,6 +142,14 @@ class Backend(abc.ABC):
         """Delete many keys (missing ones are not an error). Backends batch this."""
         for key in keys:
             await self.delete_object(bucket, key)
+
+    async def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
+        """For each key, a local file holding its bytes and its size (None if absent).
+
+        The KV executor range-reads chunk objects through these files. A remote
+        backend answers with its bounded local cache.
+        """
+        raise S3Error(ErrorCode.NotImplemented, f"{type(self).__name__} cannot serve KV descriptors")
 
     @abc.abstractmethod
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta: ...

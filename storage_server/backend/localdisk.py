@@ -508,6 +508,23 @@ class LocalDiskBackend(Backend):
 
         await self._run(work)
 
+    async def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
+        return await self._run(self._locate_sync, bucket, keys)
+
+    def _locate_sync(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
+        db = self._db
+        self._bucket_exists(db, bucket)
+        found: dict[bytes, tuple[str, int]] = {}
+        encoded = [k.encode() for k in keys]
+        for i in range(0, len(encoded), 900):
+            batch = encoded[i : i + 900]
+            rows = db.execute(
+                f"SELECT key, path, size FROM objects WHERE bucket=? AND key IN ({','.join('?' * len(batch))})", (bucket, *batch)
+            )
+            for k, path, size in rows:
+                found[k] = (path, size)
+        return [found.get(k) for k in encoded]
+
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
         meta = ObjectMeta(
             bucket=bucket,

@@ -1,0 +1,343 @@
+"""``ObjectCacheClient``: what serving code imports to store, look up and load prefix KV cache.
+
+Plain S3 calls go through aiobotocore; the KV extension requests (``kv-put``,
+``kv-lookup``, ``kv-get``, ``kv-register``) are signed with the same SigV4
+signer (botocore's) and sent with aiohttp, because their bodies and the
+frame-stream responses are not part of the S3 API model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiobotocore.session import get_session
+from awscrt.checksums import crc32c
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config as BotoConfig
+from botocore.credentials import Credentials
+
+from storage_server.checksums import b64
+from storage_server.errors import ErrorCode, S3Error
+from storage_server.wire import Descriptor, FrameType, Mode, Target, Transport, encode_descriptor, encode_keys, encode_put_batch
+
+from .buffers import SHM_DIR, RegionPool, RegisteredRegion, ShmRegion
+from .frames import FrameStream
+from .layout import KVLayout
+
+PUT_BATCH_BYTES = 64 << 20
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+
+def _s3_error(status: int, body: bytes) -> S3Error:
+    try:
+        doc = ET.fromstring(body)
+        code = ErrorCode.__members__.get(doc.findtext("Code") or "", ErrorCode.InternalError)
+        extra = {c.tag: c.text or "" for c in doc if c.tag not in ("Code", "Message", "Resource", "RequestId")}
+        return S3Error(code, doc.findtext("Message") or "", doc.findtext("Resource") or "", extra)
+    except ET.ParseError:
+        return S3Error(ErrorCode.InternalError, f"HTTP {status}: {body[:200]!r}")
+
+
+@dataclass
+class FetchStats:
+    request_id: str = ""
+    mode: str = ""
+    transport: str = ""
+    payload_bytes: int = 0
+    gateway_s: float = 0.0
+    storage_read_s: float = 0.0
+    delivery_s: float = 0.0
+    server_total_s: float = 0.0
+    client_total_s: float = 0.0
+    first_layer_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LayerStream:
+    """Async iterator of ``(layer, view)`` in layer order, each as soon as it has landed.
+
+    ``view`` is the layer's ``N·S`` bytes (chunk j at ``j·S``). Views stay valid
+    until the ``fetch_layers`` block exits. ``payload`` is the whole ``[L][N][S]``.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int, num_layers: int, transport: str, verify: bool, started: float) -> None:
+        self._frames = FrameStream(response.content)
+        self.payload = payload
+        self.layer_bytes = layer_bytes
+        self.num_layers = num_layers
+        self.verify = verify
+        self._next = 0
+        self._done = False
+        self._started = started
+        self.stats = FetchStats(
+            request_id=response.headers.get("x-amz-request-id", ""),
+            mode=response.headers.get("x-oc-mode", ""),
+            transport=transport,
+            payload_bytes=int(response.headers.get("x-oc-payload-bytes", "0")),
+            gateway_s=float(response.headers.get("x-oc-gateway-s", "0")),
+        )
+
+    def __aiter__(self) -> "LayerStream":
+        return self
+
+    def layer(self, index: int) -> memoryview:
+        return self.payload[index * self.layer_bytes : (index + 1) * self.layer_bytes]
+
+    def as_array(self, layout: KVLayout) -> np.ndarray:
+        """The payload as ``(L, N, 2, G, n_kv, d)`` of the layout's dtype (bfloat16 as uint16)."""
+        n = self.layer_bytes // layout.per_layer_chunk_bytes
+        arr = np.frombuffer(self.payload, dtype=layout.numpy_dtype)
+        return arr.reshape(layout.num_layers, n, 2, layout.chunk_tokens, layout.kv_heads, layout.head_dim)
+
+    async def __anext__(self) -> tuple[int, memoryview]:
+        while not self._done:
+            frame = await self._frames.next_frame()
+            if frame is None:
+                raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended before its END frame (the storage server may have stopped).")
+            if frame.type == FrameType.DATA:
+                start = frame.offset
+                if start < 0 or start + frame.length > len(self.payload):
+                    raise S3Error(ErrorCode.InternalError, "DATA frame outside the destination")
+                await self._frames.read_into(self.payload[start : start + frame.length], frame.length)
+            elif frame.type == FrameType.LAYER:
+                if frame.layer != self._next:
+                    raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
+                view = self.layer(frame.layer)
+                if self.verify and crc32c(view) != frame.checksum:
+                    raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
+                self._next += 1
+                if self.stats.first_layer_s is None:
+                    self.stats.first_layer_s = time.perf_counter() - self._started
+                return frame.layer, view
+            elif frame.type == FrameType.END:
+                end = await self._frames.read_json(frame)
+                self.stats.storage_read_s = end.get("storage_read_s", 0.0)
+                self.stats.delivery_s = end.get("delivery_s", 0.0)
+                self.stats.server_total_s = end.get("total_s", 0.0)
+                self.stats.mode = end.get("mode", self.stats.mode)
+                self.stats.extra = {k: v for k, v in end.items() if k not in ("storage_read_s", "delivery_s", "total_s", "mode")}
+                self.stats.client_total_s = time.perf_counter() - self._started
+                self._done = True
+                if self._next != self.num_layers:
+                    raise S3Error(ErrorCode.InternalError, f"END after {self._next} of {self.num_layers} layers")
+            elif frame.type == FrameType.ERROR:
+                self._done = True
+                raise S3Error.from_dict(await self._frames.read_json(frame))
+        raise StopAsyncIteration
+
+
+class ObjectCacheClient:
+    """Async client. Use as ``async with ObjectCacheClient(...) as c:``."""
+
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
+                 max_connections: int = 64) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.bucket = bucket
+        self.region = region
+        self._credentials = Credentials(access_key, secret_key)
+        self._signer = SigV4Auth(self._credentials, "s3", region)
+        self._max_connections = max_connections
+        self._http: aiohttp.ClientSession | None = None
+        self._s3_ctx = None
+        self.s3: Any = None  # aiobotocore S3 client for plain S3 calls
+        self._regions = RegionPool(self._register_region)
+
+    async def __aenter__(self) -> "ObjectCacheClient":
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False)
+        session = get_session()
+        self._s3_ctx = session.create_client(
+            "s3", endpoint_url=self.endpoint, region_name=self.region,
+            aws_access_key_id=self._credentials.access_key, aws_secret_access_key=self._credentials.secret_key,
+            config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=self._max_connections),
+        )
+        self.s3 = await self._s3_ctx.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for r in self._regions.close():
+            with contextlib.suppress(Exception):
+                await self._post("/", "kv-unregister", json.dumps({"region_id": r.region_id.hex(), "token": r.token.hex()}).encode())
+        if self._s3_ctx is not None:
+            await self._s3_ctx.__aexit__(None, None, None)
+            self._s3_ctx = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # -- signed extension requests ------------------------------------------------
+    def _signed_headers(self, method: str, url: str, body: bytes | None, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
+        req = AWSRequest(method=method, url=url, headers={"X-Amz-Content-SHA256": payload_hash, **extra})
+        self._signer.add_auth(req)
+        return dict(req.headers.items())
+
+    async def _post(self, path: str, op: str, body: bytes | list, *, payload_hash: str | None = None,
+                    extra_headers: dict[str, str] | None = None, stream: bool = False) -> aiohttp.ClientResponse:
+        """POST ``path?op`` signed with SigV4. List bodies are sent without joining (KV batches)."""
+        assert self._http is not None, "use the client inside `async with`"
+        url = f"{self.endpoint}{path}?{op}"
+        if isinstance(body, list):
+            length = sum(memoryview(p).nbytes for p in body)
+            crc = 0
+            for p in body:
+                crc = crc32c(p, crc)
+            headers = self._signed_headers("POST", url, None, UNSIGNED_PAYLOAD, {"x-amz-checksum-crc32c": b64(crc.to_bytes(4, "big")), **(extra_headers or {})})
+            headers["Content-Length"] = str(length)
+
+            async def gen():
+                for p in body:
+                    yield p
+
+            data: Any = gen()
+        else:
+            headers = self._signed_headers("POST", url, body, payload_hash or hashlib.sha256(body).hexdigest(), extra_headers or {})
+            data = body
+        resp = await self._http.post(url, data=data, headers=headers)
+        if resp.status != 200:
+            text = await resp.read()
+            resp.release()
+            raise _s3_error(resp.status, text)
+        if not stream:
+            await resp.read()
+        return resp
+
+    async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
+        resp = await self._post("/", "kv-register", json.dumps({"name": region.name, "size": region.size, "nonce": region.nonce.hex()}).encode())
+        reply = await resp.json()
+        return bytes.fromhex(reply["region_id"]), bytes.fromhex(reply["token"])
+
+    # -- public API -----------------------------------------------------------------
+    async def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist yet (plain S3, through aiobotocore)."""
+        try:
+            await self.s3.head_bucket(Bucket=self.bucket)
+        except Exception:
+            await self.s3.create_bucket(Bucket=self.bucket)
+
+    async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
+        """Store chunk objects (each bytes-like or ndarray of ``L·S`` bytes, KV_L2TD).
+
+        Batched into few ``kv-put`` requests. Chunks are immutable: putting
+        identical bytes again is a no-op, different bytes for a stored key is
+        refused. Returns how many chunks were sent.
+        """
+        if len(keys) != len(chunks):
+            raise ValueError(f"{len(keys)} keys but {len(chunks)} chunks")
+        views = []
+        for key, chunk in zip(keys, chunks):
+            mv = memoryview(np.ascontiguousarray(chunk) if isinstance(chunk, np.ndarray) else chunk).cast("B")
+            if layout is not None and mv.nbytes != layout.chunk_bytes:
+                raise ValueError(f"chunk {key!r} is {mv.nbytes} bytes, the layout says {layout.chunk_bytes}")
+            views.append((key, mv))
+        batch: list[tuple[str, memoryview]] = []
+        size = 0
+        for item in views:
+            batch.append(item)
+            size += item[1].nbytes
+            if size >= PUT_BATCH_BYTES:
+                await self._post(f"/{self.bucket}", "kv-put", encode_put_batch(batch))
+                batch, size = [], 0
+        if batch:
+            await self._post(f"/{self.bucket}", "kv-put", encode_put_batch(batch))
+        return len(views)
+
+    async def lookup(self, keys: Sequence[str]) -> int:
+        """How many leading keys are stored: the longest cached prefix, in chunks."""
+        if not keys:
+            return 0
+        resp = await self._post(f"/{self.bucket}", "kv-lookup", encode_keys(list(keys)))
+        return int((await resp.json())["hits"])
+
+    @contextlib.asynccontextmanager
+    async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
+                           compute_window: float | Sequence[float] | None = None, mode: str = "auto",
+                           out: memoryview | np.ndarray | None = None, verify: bool = True) -> AsyncIterator[LayerStream]:
+        """Load the layer-major payload of ``keys``; iterate layers as they land.
+
+        ``transport``: ``"shm"`` (same host: the server writes into a registered
+        shared-memory region), ``"http"`` (anywhere: bytes in the response) or
+        ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
+        is the per-layer compute time of the request's miss tokens (seconds),
+        which the server's bandwidth allocator uses. ``out`` (http only) is a
+        buffer of at least ``N·L·S`` bytes to fill instead of a new one.
+        """
+        keys = list(keys)
+        if not keys:
+            raise ValueError("fetch_layers needs at least one key")
+        kind = self._transport_kind(transport)
+        payload_bytes = layout.payload_bytes(len(keys))
+        window: tuple[float, ...] = () if compute_window is None else (
+            (float(compute_window),) if isinstance(compute_window, (int, float)) else tuple(float(w) for w in compute_window))
+        mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
+        region: RegisteredRegion | None = None
+        started = time.perf_counter()
+        if kind == Transport.SHM:
+            region = await self._regions.acquire(payload_bytes)
+            target = Target(Transport.SHM, region.region_id, region.token, 0, payload_bytes)
+            dest = region.region.view[:payload_bytes]
+        else:
+            target = Target(Transport.HTTP, offset=0, length=payload_bytes)
+            dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
+            if dest.nbytes < payload_bytes:
+                raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
+        descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v)
+        resp = None
+        try:
+            try:
+                resp = await self._post(f"/{self.bucket}", "kv-get", encode_descriptor(descriptor), stream=True)
+            except S3Error as e:
+                if e.code == ErrorCode.KVNoSuchRegion and region is not None:
+                    self._regions.forget(region)  # the server restarted: register afresh next time
+                    region = None
+                raise
+            stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), verify, started)
+            yield stream
+            # Leaving early abandons the transfer: closing the connection stops the server.
+            if not stream._done:
+                resp.close()
+        finally:
+            if resp is not None:
+                resp.release()
+            if region is not None:
+                self._regions.release(region)
+
+    async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
+        """Load everything and return a copy of the payload as ``(L, N·S)`` uint8 plus stats."""
+        async with self.fetch_layers(keys, layout, transport, **kw) as layers:
+            async for _ in layers:
+                pass
+            arr = np.frombuffer(layers.payload, dtype=np.uint8).reshape(layout.num_layers, -1).copy()
+            return arr, layers.stats
+
+    def _transport_kind(self, transport: str) -> Transport:
+        if transport == "shm":
+            return Transport.SHM
+        if transport == "http":
+            return Transport.HTTP
+        if transport == "auto":
+            host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+            local = host in ("127.0.0.1", "localhost", "::1", "[::1]")
+            return Transport.SHM if local and SHM_DIR.is_dir() else Transport.HTTP
+        raise ValueError(f"transport must be 'shm', 'http' or 'auto', not {transport!r}")
+
+    async def status(self) -> dict:
+        assert self._http is not None
+        url = f"{self.endpoint}/?kv-status"
+        headers = self._signed_headers("GET", url, None, hashlib.sha256(b"").hexdigest(), {})
+        async with self._http.get(url, headers=headers) as resp:
+            if resp.status != 200:
+                raise _s3_error(resp.status, await resp.read())
+            return await resp.json()
+

@@ -1,0 +1,74 @@
+"""The transport interface: one-sided writes of bytes into the client's destination, then a notification.
+
+The executor asks a transport for the memory a layer (or the whole chunkwise
+payload) must be read into, fills it with range reads straight from chunk
+files, and then calls :meth:`deliver` — which for ``shm`` only notifies (the
+bytes are already in the client's region) and for ``http`` streams the bytes
+and then notifies.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+
+from ..wire import FrameType, json_frame, pack_frame
+
+
+class FrameSink:
+    """Where frames go: the storage-server RPC stream the gateway relays to the client."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    async def send(self, *pieces: bytes | memoryview) -> None:
+        for p in pieces:
+            self.writer.write(p)
+        await self.writer.drain()
+
+    async def layer_ready(self, layer: int, offset: int, length: int, checksum: int) -> None:
+        await self.send(pack_frame(FrameType.LAYER, layer, offset, length, checksum))
+
+    async def end(self, stats: dict) -> None:
+        await self.send(json_frame(FrameType.END, stats))
+
+    async def error(self, err: dict) -> None:
+        await self.send(json_frame(FrameType.ERROR, err))
+
+
+class Transport(abc.ABC):
+    """Destination memory plus delivery for one transfer."""
+
+    name: str
+    # How many layer buffers rotate (a buffer is reused only after its layer was delivered); 0 = none reused.
+    buffers_in_rotation: int = 0
+
+    def __init__(self, frames: FrameSink, base_offset: int, layer_bytes: int, num_layers: int) -> None:
+        self.frames = frames
+        self.base_offset = base_offset
+        self.layer_bytes = layer_bytes
+        self.num_layers = num_layers
+
+    def layer_offset(self, layer: int) -> int:
+        return self.base_offset + layer * self.layer_bytes
+
+    @abc.abstractmethod
+    def layer_buffer(self, layer: int) -> memoryview:
+        """Memory for layer ``layer`` ([N][S] bytes). Valid until that layer is delivered."""
+
+    @abc.abstractmethod
+    def payload_buffer(self) -> memoryview:
+        """Memory for the whole [L][N][S] payload (chunkwise mode)."""
+
+    @abc.abstractmethod
+    async def deliver(self, layer: int, data: memoryview, checksum: int) -> None:
+        """Make layer ``layer`` visible to the client and notify it, in layer order."""
+
+    async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
+        """Chunkwise: the whole payload, then every layer's notification at the end."""
+        for layer, crc in enumerate(checksums):
+            view = data[layer * self.layer_bytes : (layer + 1) * self.layer_bytes]
+            await self.deliver(layer, view, crc)
+
+    def close(self) -> None:
+        """Release buffers and pins."""

@@ -1,0 +1,325 @@
+"""The ObjectCache wire contract — the one definition imported by gateway, storage_server and client_sdk.
+
+Everything that crosses a process boundary on the KV path is defined here:
+
+* **Descriptor** (body of ``POST /{bucket}?kv-get``): which chunk objects, the
+  model layout, where the payload goes, the compute window and the mode.
+* **Key list** (body of ``?kv-lookup``) and **put batch** (body of ``?kv-put``).
+* **Frames** streamed back (HTTP response body, and the storage-server RPC):
+  ``DATA`` (payload bytes, ``http`` transport), ``LAYER`` (layer ℓ is complete
+  in the destination, with its CRC32C), ``END`` (statistics) and ``ERROR``.
+
+All integers are little-endian. Keys travel as a shared prefix plus
+newline-separated suffixes, so encoding and decoding thousands of keys is a
+handful of C-level calls. Decoding is strict: any malformed input raises an
+:class:`S3Error` naming the field, never another exception.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from .errors import ErrorCode, S3Error
+
+DESCRIPTOR_MAGIC = b"OCKV"
+DESCRIPTOR_VERSION = 1
+PUT_BATCH_MAGIC = b"OCPB"
+KEY_LIST_MAGIC = b"OCKL"
+MAX_PAYLOAD_BYTES = 1 << 48  # 256 TiB: far above any real payload, far below overflow
+MAX_LAYERS = 1 << 16
+MAX_KEY_BYTES = 1024
+TOKEN_BYTES = 16
+REGION_ID_BYTES = 16
+
+
+class Mode(IntEnum):
+    AUTO = 0
+    CHUNKWISE = 1
+    LAYERWISE = 2
+
+
+class Delivery(IntEnum):
+    LAYER_MAJOR = 0
+
+
+class Transport(IntEnum):
+    HTTP = 0
+    SHM = 1
+    RDMA = 2  # reserved: RDMA WRITE into a registered MR (separate issue)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the payload lands. For ``shm``: a registered region and a capability token."""
+
+    transport: Transport = Transport.HTTP
+    region_id: bytes = bytes(REGION_ID_BYTES)
+    token: bytes = bytes(TOKEN_BYTES)
+    offset: int = 0
+    length: int = 0
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    chunk_keys: list[str]
+    num_layers: int
+    chunk_tokens: int
+    per_layer_chunk_bytes: int
+    target: Target
+    compute_window: tuple[float, ...] = ()  # seconds per layer: empty, one value, or one per layer
+    mode: Mode = Mode.AUTO
+    delivery: Delivery = Delivery.LAYER_MAJOR
+    version: int = DESCRIPTOR_VERSION
+
+    @property
+    def payload_bytes(self) -> int:
+        """W = N · L · S: the whole layer-major payload."""
+        return len(self.chunk_keys) * self.num_layers * self.per_layer_chunk_bytes
+
+    @property
+    def layer_bytes(self) -> int:
+        return len(self.chunk_keys) * self.per_layer_chunk_bytes
+
+    @property
+    def chunk_object_bytes(self) -> int:
+        return self.num_layers * self.per_layer_chunk_bytes
+
+    def compute_for_layer(self, layer: int) -> float | None:
+        if not self.compute_window:
+            return None
+        return self.compute_window[0] if len(self.compute_window) == 1 else self.compute_window[layer]
+
+
+def _bad(field_name: str, message: str, code: ErrorCode = ErrorCode.KVInvalidDescriptor) -> S3Error:
+    return S3Error(code, f"{field_name}: {message}", extra={"Field": field_name})
+
+
+# --- key lists -------------------------------------------------------------------
+
+_KEYS_HEAD = struct.Struct("<4sHI")  # magic, prefix length, key count
+
+
+def _common_prefix(keys: list[str]) -> str:
+    return os.path.commonprefix(keys) if keys else ""
+
+
+def encode_keys(keys: list[str]) -> bytes:
+    prefix = _common_prefix(keys)
+    # Never let the prefix swallow a whole key (an empty suffix is fine).
+    n = len(prefix)
+    suffixes = "\n".join(k[n:] for k in keys)
+    for k in keys:
+        if "\n" in k or not k:
+            raise _bad("chunk_keys", f"key {k!r} is empty or contains a newline")
+    p = prefix.encode()
+    return _KEYS_HEAD.pack(KEY_LIST_MAGIC, len(p), len(keys)) + p + suffixes.encode()
+
+
+def _decode_keys(buf: memoryview, count: int, prefix_len: int, field_name: str = "chunk_keys") -> list[str]:
+    try:
+        prefix = bytes(buf[:prefix_len]).decode()
+        blob = bytes(buf[prefix_len:]).decode()
+    except UnicodeDecodeError:
+        raise _bad(field_name, "keys are not valid UTF-8") from None
+    if len(buf) < prefix_len:
+        raise _bad(field_name, "truncated key prefix")
+    suffixes = blob.split("\n") if count else []
+    if count and len(suffixes) != count:
+        raise _bad(field_name, f"declares {count} keys but carries {len(suffixes)}")
+    if not count and blob:
+        raise _bad(field_name, "declares 0 keys but carries key bytes")
+    keys = [prefix + s for s in suffixes]
+    for k in keys:
+        if not k or len(k) > MAX_KEY_BYTES:
+            raise _bad(field_name, f"key {k[:80]!r} is empty or longer than {MAX_KEY_BYTES} bytes")
+    return keys
+
+
+def decode_keys(data: bytes) -> list[str]:
+    buf = memoryview(data)
+    if len(buf) < _KEYS_HEAD.size:
+        raise _bad("keys", "truncated key list")
+    magic, prefix_len, count = _KEYS_HEAD.unpack_from(buf)
+    if magic != KEY_LIST_MAGIC:
+        raise _bad("keys", "not an ObjectCache key list")
+    return _decode_keys(buf[_KEYS_HEAD.size :], count, prefix_len, "keys")
+
+
+# --- descriptor -------------------------------------------------------------------
+
+_DESC_HEAD = struct.Struct("<4sBBBBIIQI16s16sQQIHH")
+
+
+def encode_descriptor(d: Descriptor) -> bytes:
+    prefix = _common_prefix(d.chunk_keys)
+    n = len(prefix)
+    for k in d.chunk_keys:
+        if "\n" in k or not k:
+            raise _bad("chunk_keys", f"key {k!r} is empty or contains a newline")
+    p = prefix.encode()
+    head = _DESC_HEAD.pack(
+        DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
+        d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
+        d.target.region_id, d.target.token, d.target.offset, d.target.length,
+        len(d.compute_window), len(p), 0,
+    )
+    window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
+    return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
+
+
+def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
+    """Parse and validate a descriptor. Raises S3Error naming the bad field."""
+    buf = memoryview(data)
+    if len(buf) < _DESC_HEAD.size:
+        raise _bad("descriptor", f"{len(buf)} bytes is shorter than the {_DESC_HEAD.size}-byte header")
+    (magic, version, mode, delivery, transport, layers, tokens, s, count, region, token, offset, length,
+     n_window, prefix_len, _flags) = _DESC_HEAD.unpack_from(buf)
+    if magic != DESCRIPTOR_MAGIC:
+        raise _bad("descriptor", "not an ObjectCache descriptor (bad magic)")
+    if version != DESCRIPTOR_VERSION:
+        raise _bad("version", f"version {version} is not supported (this server speaks {DESCRIPTOR_VERSION})", ErrorCode.KVUnsupportedVersion)
+    try:
+        mode_v, delivery_v, transport_v = Mode(mode), Delivery(delivery), Transport(transport)
+    except ValueError as e:
+        name = "mode" if mode not in Mode._value2member_map_ else "delivery" if delivery not in Delivery._value2member_map_ else "target.transport"
+        raise _bad(name, str(e)) from None
+    if not 1 <= layers <= MAX_LAYERS:
+        raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
+    if tokens < 1:
+        raise _bad("chunk_tokens", "must be at least 1")
+    if s < 1:
+        raise _bad("per_layer_chunk_bytes", "must be at least 1")
+    if count < 1:
+        raise _bad("chunk_keys", "at least one chunk key is required")
+    if max_keys is not None and count > max_keys:
+        raise _bad("chunk_keys", f"{count} keys exceed this server's limit of {max_keys}", ErrorCode.KVTooManyKeys)
+    payload = count * layers * s
+    if payload > MAX_PAYLOAD_BYTES:
+        raise _bad("per_layer_chunk_bytes", f"payload N*L*S = {payload} bytes overflows the {MAX_PAYLOAD_BYTES}-byte limit")
+    if offset + length > (1 << 63):
+        raise _bad("target", "offset + length overflows")
+    if n_window not in (0, 1, layers):
+        raise _bad("compute_window", f"must carry 0, 1 or num_layers ({layers}) values, not {n_window}")
+    pos = _DESC_HEAD.size
+    window_at = pos + prefix_len
+    keys_at = window_at + 8 * n_window
+    if len(buf) < keys_at:
+        raise _bad("descriptor", "truncated before the key list")
+    window = struct.unpack_from(f"<{n_window}d", buf, window_at)
+    if not all(math.isfinite(w) and w >= 0 for w in window):
+        raise _bad("compute_window", "values must be finite and non-negative")
+    prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
+    keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len)
+    target = Target(transport_v, bytes(region), bytes(token), offset, length)
+    if target.length < payload:
+        raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
+    return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version)
+
+
+# --- put batches ------------------------------------------------------------------
+
+_BATCH_HEAD = struct.Struct("<4sI")
+_ITEM_HEAD = struct.Struct("<HQ")
+
+
+def encode_put_batch(items: list[tuple[str, bytes | memoryview]]) -> list[bytes | memoryview]:
+    """Pieces to send back to back (no copy of the chunk bytes)."""
+    out: list[bytes | memoryview] = [_BATCH_HEAD.pack(PUT_BATCH_MAGIC, len(items))]
+    for key, data in items:
+        k = key.encode()
+        if not k or len(k) > MAX_KEY_BYTES:
+            raise _bad("key", f"key {key[:80]!r} is empty or longer than {MAX_KEY_BYTES} bytes")
+        mv = memoryview(data).cast("B")
+        out += [_ITEM_HEAD.pack(len(k), mv.nbytes) + k, mv]
+    return out
+
+
+def decode_put_batch(data: bytes) -> list[tuple[str, memoryview]]:
+    buf = memoryview(data)
+    if len(buf) < _BATCH_HEAD.size:
+        raise _bad("batch", "truncated put batch")
+    magic, count = _BATCH_HEAD.unpack_from(buf)
+    if magic != PUT_BATCH_MAGIC:
+        raise _bad("batch", "not an ObjectCache put batch")
+    pos, items = _BATCH_HEAD.size, []
+    for i in range(count):
+        if pos + _ITEM_HEAD.size > len(buf):
+            raise _bad("batch", f"truncated at item {i}")
+        klen, dlen = _ITEM_HEAD.unpack_from(buf, pos)
+        pos += _ITEM_HEAD.size
+        if not 1 <= klen <= MAX_KEY_BYTES or pos + klen + dlen > len(buf):
+            raise _bad("batch", f"item {i} overruns the batch")
+        try:
+            key = bytes(buf[pos : pos + klen]).decode()
+        except UnicodeDecodeError:
+            raise _bad("key", f"item {i}: key is not valid UTF-8") from None
+        pos += klen
+        items.append((key, buf[pos : pos + dlen]))
+        pos += dlen
+    if pos != len(buf):
+        raise _bad("batch", f"{len(buf) - pos} trailing bytes after {count} items")
+    return items
+
+
+# --- frames -----------------------------------------------------------------------
+
+class FrameType(IntEnum):
+    DATA = 1  # payload bytes for [offset, offset+length) of the destination (http transport)
+    LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C
+    END = 3  # payload: JSON statistics
+    ERROR = 4  # payload: JSON S3 error
+
+
+FRAME = struct.Struct("<BBHIQQI")  # type, flags, reserved, layer, offset, length, checksum
+FRAME_SIZE = FRAME.size
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: FrameType
+    layer: int = 0
+    offset: int = 0
+    length: int = 0
+    checksum: int = 0
+
+    @property
+    def has_payload(self) -> bool:
+        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR)
+
+
+def pack_frame(ftype: FrameType, layer: int = 0, offset: int = 0, length: int = 0, checksum: int = 0) -> bytes:
+    return FRAME.pack(ftype, 0, 0, layer, offset, length, checksum)
+
+
+def unpack_frame(header: bytes | memoryview) -> Frame:
+    t, _flags, _r, layer, offset, length, checksum = FRAME.unpack(header)
+    try:
+        ftype = FrameType(t)
+    except ValueError:
+        raise S3Error(ErrorCode.InternalError, f"unknown frame type {t} in KV stream") from None
+    return Frame(ftype, layer, offset, length, checksum)
+
+
+def json_frame(ftype: FrameType, obj: dict) -> bytes:
+    payload = json.dumps(obj).encode()
+    return pack_frame(ftype, length=len(payload)) + payload
+
+
+@dataclass
+class TransferStats:
+    """What the END frame reports: where the time went, and what was decided."""
+
+    request_id: str = ""
+    mode: str = ""
+    payload_bytes: int = 0
+    storage_read_s: float = 0.0
+    delivery_s: float = 0.0
+    total_s: float = 0.0
+    gateway_s: float = 0.0
+    rate_bytes_per_s: float | None = None
+    extra: dict = field(default_factory=dict)
