@@ -80,6 +80,7 @@ class StorageServer:
         }
         if self.gate is not None:
             self.handlers["test-hold"] = _test_hold
+            self.handlers["test-wait-held"] = _test_wait_held
             self.handlers["test-release"] = _test_release
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -217,6 +218,15 @@ async def _test_hold(server: StorageServer, request: dict[str, Any], body: bytes
     server.gate.held.clear()
     server.gate.release.clear()
     return {}
+
+
+async def _test_wait_held(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+    assert server.gate is not None
+    try:
+        await asyncio.wait_for(server.gate.held.wait(), float(request.get("timeout", 30)))
+    except asyncio.TimeoutError:
+        return {"held": False}
+    return {"held": True}
 
 
 async def _test_release(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:

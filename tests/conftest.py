@@ -15,15 +15,17 @@ from support import ServerProcess, TenantKeys, boto_client, make_tenants, write_
 
 @pytest.fixture(scope="session")
 def tenants() -> dict[str, TenantKeys]:
-    return {t.name: t for t in make_tenants("alice", "bob")}
+    return {t.name: t for t in make_tenants("alice", "bob", "carol", "dave")}
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, tenants) -> ServerProcess:
     """One ``objectcache serve`` for the session: gateway + storage server, two tenants."""
     root = tmp_path_factory.mktemp("objectcache")
-    config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()))
+    config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()),
+                          extra=f'\n[storage_server]\nmax_keys = 4096\ntest_hooks = true\nsocket = "{root / "ss.sock"}"\n')
     proc = ServerProcess(config).start()
+    proc.rpc_socket = str(root / "ss.sock")
     yield proc
     proc.stop()
 

@@ -45,6 +45,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.endpoint = ""
         self.output: list[str] = []
+        self.rpc_socket = ""
 
     def start(self, port: int = 0) -> "ServerProcess":
         argv = [sys.executable, "-m", "gateway.cli", self.command, "--config", str(self.config)]

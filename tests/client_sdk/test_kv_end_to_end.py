@@ -1,0 +1,204 @@
+"""The KV path end to end: real gateway + storage server, the SDK, both transports."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from client_sdk import ObjectCacheError
+from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+
+G_VALUES = [16, 64, 256]
+N_MAX = 3584  # a 64K-token prefix at G=16
+
+
+@pytest.fixture(scope="module")
+def stored(server, tenants, s3):
+    """For each G: N_MAX chunk objects stored through kv-put, with their numpy reference."""
+    bucket = "kv-e2e"
+    s3.create_bucket(Bucket=bucket)
+    data = {}
+
+    async def put_all():
+        async with client(server, tenants["alice"], bucket) as c:
+            for g in G_VALUES:
+                layout = tiny_layout(g)
+                keys = keys_for(layout, N_MAX, f"model-g{g}")
+                chunks = make_chunks(layout, N_MAX, seed=g)
+                assert await c.put_chunks(keys, chunks, layout) == N_MAX
+                data[g] = (layout, keys, chunks)
+
+    run(put_all())
+    return bucket, data
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+@pytest.mark.parametrize("g", G_VALUES)
+@pytest.mark.parametrize("n", [1, 97, N_MAX])
+def test_fetch_equals_reference_assembly(server, tenants, stored, transport, g, n):
+    bucket, data = stored
+    layout, keys, chunks = data[g]
+    expected = reference(layout, chunks[:n])
+
+    async def fetch():
+        async with client(server, tenants["alice"], bucket) as c:
+            assert await c.lookup(keys[:n]) == n
+            seen = []
+            async with c.fetch_layers(keys[:n], layout, transport=transport) as layers:
+                async for idx, view in layers:
+                    assert np.array_equal(np.frombuffer(view, np.uint8), expected[idx]), f"layer {idx}"
+                    seen.append(idx)
+                assert layers.stats.transport == transport
+            assert seen == list(range(layout.num_layers))
+
+    run(fetch())
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+@pytest.mark.parametrize("mode", ["chunkwise", "layerwise"])
+def test_both_modes_deliver_the_same_bytes(server, tenants, stored, transport, mode):
+    bucket, data = stored
+    layout, keys, chunks = data[64]
+
+    async def fetch():
+        async with client(server, tenants["alice"], bucket) as c:
+            payload, stats = await c.fetch(keys[:500], layout, transport, mode=mode)
+            assert stats.mode == mode
+            assert np.array_equal(payload, reference(layout, chunks[:500]))
+            assert stats.storage_read_s > 0 and stats.server_total_s > 0 and stats.request_id
+
+    run(fetch())
+
+
+def test_auto_mode_uses_threshold(server, tenants, stored):
+    """Θ defaults to 32 MiB: these small payloads go chunkwise."""
+    bucket, data = stored
+    layout, keys, _ = data[16]
+
+    async def fetch():
+        async with client(server, tenants["alice"], bucket) as c:
+            _, stats = await c.fetch(keys[:10], layout, "shm")
+            assert stats.mode == "chunkwise"
+
+    run(fetch())
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_layer_zero_reaches_consumer_before_last_layer_is_written(server, tenants, stored, transport):
+    """Shown with events: the server is held before writing layer L-1 until the
+    consumer has received layer 0; if delivery were not layer by layer, the
+    consumer would never see layer 0 while the server is held (bounded wait)."""
+    bucket, data = stored
+    layout, keys, chunks = data[16]
+    expected = reference(layout, chunks[:200])
+    last = layout.num_layers - 1
+
+    async def fetch():
+        assert rpc(server.rpc_socket, "test-hold", before_layer=last)["ok"]
+        async with client(server, tenants["alice"], bucket) as c:
+            async with c.fetch_layers(keys[:200], layout, transport=transport, mode="layerwise") as layers:
+                it = layers.__aiter__()
+                idx, view = await asyncio.wait_for(it.__anext__(), 30)
+                assert idx == 0 and np.array_equal(np.frombuffer(view, np.uint8), expected[0])
+                # We hold layer 0; the server is (now, and so was then) stopped before layer L-1.
+                assert rpc(server.rpc_socket, "test-wait-held", timeout=30) == {"ok": True, "held": True}
+                if transport == "shm":
+                    assert not np.array_equal(np.frombuffer(layers.layer(last), np.uint8), expected[last])
+                released = rpc(server.rpc_socket, "test-release")
+                assert released == {"ok": True, "was_held": True}
+                rest = [i async for i, _ in it]
+                assert rest == list(range(1, layout.num_layers))
+                assert np.array_equal(np.frombuffer(layers.layer(last), np.uint8), expected[last])
+
+    run(fetch())
+
+
+def test_shm_region_is_registered_once_and_reused(server, tenants, stored):
+    bucket, data = stored
+    layout, keys, _ = data[16]
+
+    async def fetch():
+        async with client(server, tenants["alice"], bucket) as c:
+            before = rpc(server.rpc_socket, "status")["regions"]
+            for _ in range(5):
+                await c.fetch(keys[:50], layout, "shm")
+            assert rpc(server.rpc_socket, "status")["regions"] == before + 1
+        assert rpc(server.rpc_socket, "status")["regions"] == before  # unregistered on close
+
+    run(fetch())
+
+
+def test_32_concurrent_fetches_from_4_tenants(server, tenants, s3):
+    names = ["alice", "bob", "carol", "dave"]
+    layout = tiny_layout(16)
+
+    async def scenario():
+        clients = {}
+        per_tenant = {}
+        for i, name in enumerate(names):
+            c = client(server, tenants[name], f"kv-conc-{name}")
+            await c.__aenter__()
+            await c.ensure_bucket()
+            keys = keys_for(layout, 300, f"tenant-{name}")
+            chunks = make_chunks(layout, 300, seed=100 + i)
+            await c.put_chunks(keys, chunks, layout)
+            clients[name], per_tenant[name] = c, (keys, chunks)
+
+        async def one(k: int):
+            name = names[k % 4]
+            keys, chunks = per_tenant[name]
+            n = 50 + 7 * k
+            transport = "shm" if k % 2 else "http"
+            payload, _ = await clients[name].fetch(keys[:n], layout, transport)
+            assert np.array_equal(payload, reference(layout, chunks[:n])), (name, transport, n)
+            return k
+
+        try:
+            assert sorted(await asyncio.gather(*(one(k) for k in range(32)))) == list(range(32))
+        finally:
+            for c in clients.values():
+                await c.close()
+
+    run(scenario())
+
+
+def test_put_chunks_is_idempotent_and_immutable(server, tenants, stored):
+    bucket, data = stored
+    layout, keys, chunks = data[16]
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            assert await c.put_chunks(keys[:3], chunks[:3], layout) == 3  # identical bytes: no-op
+            with pytest.raises(ObjectCacheError) as e:
+                await c.put_chunks(keys[:1], [np.zeros(layout.chunk_bytes, np.uint8)], layout)
+            assert keys[0] in e.value.message
+            payload, _ = await c.fetch(keys[:3], layout, "http")
+            assert np.array_equal(payload, reference(layout, chunks[:3]))
+
+    run(scenario())
+
+
+def test_chunks_are_ordinary_objects(stored, s3):
+    bucket, data = stored
+    layout, keys, chunks = data[256]
+    got = s3.get_object(Bucket=bucket, Key=keys[5])
+    assert got["Body"].read() == chunks[5].tobytes()
+    assert got["ContentType"] == "application/x-objectcache-kv-chunk"
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="model-g256/", MaxKeys=5)
+    assert listed["KeyCount"] == 5
+
+
+def test_lookup_counts_the_leading_run(server, tenants, stored):
+    bucket, data = stored
+    layout, keys, _ = data[16]
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            assert await c.lookup(keys[:10]) == 10
+            assert await c.lookup(keys[:4] + ["model-g16/missing"] + keys[5:10]) == 4
+            assert await c.lookup(["model-g16/missing"] + keys[:3]) == 0
+            assert await c.lookup([]) == 0
+
+    run(scenario())
