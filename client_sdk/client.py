@@ -283,25 +283,28 @@ class ObjectCacheClient:
         mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
         region: RegisteredRegion | None = None
         started = time.perf_counter()
-        if kind == Transport.SHM:
-            region = await self._regions.acquire(payload_bytes)
-            target = Target(Transport.SHM, region.region_id, region.token, 0, payload_bytes)
-            dest = region.region.view[:payload_bytes]
-        else:
-            target = Target(Transport.HTTP, offset=0, length=payload_bytes)
-            dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
-            if dest.nbytes < payload_bytes:
-                raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
-        descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v)
         resp = None
         try:
-            try:
-                resp = await self._post(f"/{self.bucket}", "kv-get", encode_descriptor(descriptor), stream=True)
-            except S3Error as e:
-                if e.code == ErrorCode.KVNoSuchRegion and region is not None:
-                    self._regions.forget(region)  # the server restarted: register afresh next time
+            for attempt in (1, 2):
+                if kind == Transport.SHM:
+                    region = await self._regions.acquire(payload_bytes)
+                    target = Target(Transport.SHM, region.region_id, region.token, 0, payload_bytes)
+                    dest = region.region.view[:payload_bytes]
+                else:
+                    target = Target(Transport.HTTP, offset=0, length=payload_bytes)
+                    dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
+                    if dest.nbytes < payload_bytes:
+                        raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
+                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v)
+                try:
+                    resp = await self._post(f"/{self.bucket}", "kv-get", encode_descriptor(descriptor), stream=True)
+                    break
+                except S3Error as e:
+                    if e.code != ErrorCode.KVNoSuchRegion or region is None or attempt == 2:
+                        raise
+                    # The storage server restarted and forgot our region: register afresh, retry once.
+                    self._regions.forget(region)
                     region = None
-                raise
             stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), verify, started)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from storage_server.config import Config, ConfigError, load_config, with_dev_tenant
@@ -125,23 +126,25 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Run both processes; keep the gateway up and restart a crashed storage server."""
     cfg, dev = with_dev_tenant(_load(args))
-    children: list[subprocess.Popen] = []
+    children: dict[str, subprocess.Popen] = {}
+    stopping = False
 
     def stop(*_: object) -> None:
-        for p in children:
+        nonlocal stopping
+        stopping = True
+        for p in children.values():
             if p.poll() is None:
                 p.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        storage = _spawn("storage-server", args, None)
-        children.append(storage)
-        rpc = _await_ready(storage, "storage server")
-        gateway = _spawn("gateway", args, args.port)
-        children.append(gateway)
-        endpoint = _await_ready(gateway, "gateway")
+        children["storage-server"] = _spawn("storage-server", args, None)
+        rpc = _await_ready(children["storage-server"], "storage server")
+        children["gateway"] = _spawn("gateway", args, args.port)
+        endpoint = _await_ready(children["gateway"], "gateway")
         print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
@@ -149,19 +152,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
-        while all(p.poll() is None for p in children):
-            try:
-                children[0].wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
+        backoff = 1.0
+        while not stopping and children["gateway"].poll() is None:
+            time.sleep(0.2)
+            storage = children["storage-server"]
+            if storage.poll() is not None and not stopping:
+                print(f"objectcache: storage server exited with {storage.returncode}; restarting in {backoff:.0f}s "
+                      "(plain S3 keeps working meanwhile)", flush=True)
+                time.sleep(backoff)
+                if stopping:
+                    break
+                backoff = min(backoff * 2, 30.0)
+                children["storage-server"] = _spawn("storage-server", args, None)
+                _await_ready(children["storage-server"], "storage server")
+                print("objectcache: storage server is back", flush=True)
     finally:
         stop()
-        for p in children:
+        for p in children.values():
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
-    codes = [p.returncode for p in children]
+    codes = [p.returncode for p in children.values()]
     return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
 
 
