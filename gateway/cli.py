@@ -65,7 +65,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     cfg, _ = with_dev_tenant(_load(args))
 
     async def start():
-        runner = web.AppRunner(build_app(cfg, open_backend(cfg)), access_log=None)
+        # handler_cancellation: a client that disconnects cancels its handler at once,
+        # which closes the relayed storage-server stream and stops the transfer.
+        runner = web.AppRunner(build_app(cfg, open_backend(cfg)), access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, reuse_address=True)
         await site.start()

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .backend import Backend, LocalDiskBackend
@@ -32,7 +33,19 @@ MAX_REQUEST_LINE = 1 << 20
 MAX_BODY = 64 << 20
 
 Reply = dict[str, Any] | None  # None: the handler streamed its own response
-RpcHandler = Callable[["StorageServer", dict[str, Any], bytes, asyncio.StreamWriter], Awaitable[Reply]]
+
+
+@dataclass
+class RpcCall:
+    """One RPC request: its JSON fields, its raw body, and the connection (for streaming replies)."""
+
+    request: dict[str, Any]
+    body: bytes
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+
+RpcHandler = Callable[["StorageServer", RpcCall], Awaitable[Reply]]
 
 
 def open_backend(config: Config) -> Backend:
@@ -98,7 +111,7 @@ class StorageServer:
                     handler = self.handlers.get(request.get("op"))
                     if handler is None:
                         raise S3Error(ErrorCode.InvalidRequest, f"unknown storage-server op {request.get('op')!r}")
-                    reply = await handler(self, request, body, writer)
+                    reply = await handler(self, RpcCall(request, body, reader, writer))
                     if reply is None:
                         break  # streamed; one streaming request per connection
                     reply = {"ok": True, **reply}
@@ -130,11 +143,11 @@ class StorageServer:
         self.regions.close()
 
 
-async def _ping(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+async def _ping(server: StorageServer, call: RpcCall) -> Reply:
     return {"pong": True}
 
 
-async def _status(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+async def _status(server: StorageServer, call: RpcCall) -> Reply:
     return {
         "uptime_s": time.time() - server.started,
         "data_dir": str(server.config.data_dir),
@@ -143,6 +156,7 @@ async def _status(server: StorageServer, request: dict[str, Any], body: bytes, w
         "transfers_active": list(server.active.values()),
         "transfers_completed": server.completed,
         "bytes_delivered": server.bytes_delivered,
+        "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
     }
 
 
@@ -156,9 +170,10 @@ def _transport(server: StorageServer, tenant: str, d: Descriptor, frames: FrameS
     return open_rdma_transport(d)
 
 
-async def _kv_get(server: StorageServer, request: dict[str, Any], body: bytes, writer: asyncio.StreamWriter) -> Reply:
+async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
+    request, writer = call.request, call.writer
     tenant, bucket, request_id = str(request["tenant"]), str(request["bucket"]), str(request.get("request_id", ""))
-    d = decode_descriptor(body, server.config.storage_server.max_keys)
+    d = decode_descriptor(call.body, server.config.storage_server.max_keys)
     mode = choose_mode(d, server.executor.theta_bytes)
     frames = FrameSink(writer)
     transport = _transport(server, tenant, d, frames)
@@ -172,14 +187,14 @@ async def _kv_get(server: StorageServer, request: dict[str, Any], body: bytes, w
         server.active[request_id] = {"request_id": request_id, "tenant": tenant, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes}
         pace = server.gate.check if server.gate is not None else None
         try:
-            stats = await server.executor.run(plan, transport, _layer_counter(pace) if pace else None)
+            stats = await _until_disconnect(call.reader, server.executor.run(plan, transport, _layer_counter(pace) if pace else None))
             stats["request_id"] = request_id
             await frames.end(stats)
             server.completed += 1
             server.bytes_delivered += d.payload_bytes
         except S3Error as e:
             await frames.error(e.to_dict())
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
             log.info("client of %s went away; transfer stopped", request_id)
         except Exception as e:
             log.exception("transfer %s failed", request_id)
@@ -192,6 +207,21 @@ async def _kv_get(server: StorageServer, request: dict[str, Any], body: bytes, w
         transport.close()
 
 
+async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[dict]) -> dict:
+    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(reader.read(1))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ConnectionAbortedError("the gateway closed the stream")
+        return task.result()
+    finally:
+        watcher.cancel()
+
+
 def _layer_counter(check: Callable[[int], Awaitable[None]]) -> Callable[[int], Awaitable[None]]:
     layer = [0]
 
@@ -202,34 +232,36 @@ def _layer_counter(check: Callable[[int], Awaitable[None]]) -> Callable[[int], A
     return pace
 
 
-async def _kv_register(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
-    region = server.regions.register(str(request["tenant"]), str(request["name"]), int(request["size"]), bytes.fromhex(str(request["nonce"])))
+async def _kv_register(server: StorageServer, call: RpcCall) -> Reply:
+    r = call.request
+    region = server.regions.register(str(r["tenant"]), str(r["name"]), int(r["size"]), bytes.fromhex(str(r["nonce"])))
     return {"region_id": region.region_id.hex(), "token": region.token.hex(), "size": region.size}
 
 
-async def _kv_unregister(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
-    server.regions.unregister(str(request["tenant"]), bytes.fromhex(str(request["region_id"])), bytes.fromhex(str(request["token"])))
+async def _kv_unregister(server: StorageServer, call: RpcCall) -> Reply:
+    r = call.request
+    server.regions.unregister(str(r["tenant"]), bytes.fromhex(str(r["region_id"])), bytes.fromhex(str(r["token"])))
     return {}
 
 
-async def _test_hold(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+async def _test_hold(server: StorageServer, call: RpcCall) -> Reply:
     assert server.gate is not None
-    server.gate.before_layer = int(request["before_layer"])
+    server.gate.before_layer = int(call.request["before_layer"])
     server.gate.held.clear()
     server.gate.release.clear()
     return {}
 
 
-async def _test_wait_held(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+async def _test_wait_held(server: StorageServer, call: RpcCall) -> Reply:
     assert server.gate is not None
     try:
-        await asyncio.wait_for(server.gate.held.wait(), float(request.get("timeout", 30)))
+        await asyncio.wait_for(server.gate.held.wait(), float(call.request.get("timeout", 30)))
     except asyncio.TimeoutError:
         return {"held": False}
     return {"held": True}
 
 
-async def _test_release(server: StorageServer, request: dict[str, Any], body: bytes, writer) -> Reply:
+async def _test_release(server: StorageServer, call: RpcCall) -> Reply:
     assert server.gate is not None
     held = server.gate.held.is_set()
     server.gate.release.set()

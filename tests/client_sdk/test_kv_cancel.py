@@ -1,0 +1,49 @@
+"""A client that walks away stops the transfer and frees every server resource promptly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_leaving_early_frees_everything(server, tenants, s3, transport):
+    bucket = f"kv-cancel-{transport}"
+    s3.create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 500, f"cancel-{transport}")
+
+    async def settled(before: dict) -> dict:
+        """Poll (bounded) without blocking our event loop, which must close the socket."""
+        deadline = time.monotonic() + 15
+        while True:
+            now = rpc(server.rpc_socket, "status")
+            if (not now["transfers_active"] and now["open_fds"] <= before["open_fds"]) or time.monotonic() > deadline:
+                return now
+            await asyncio.sleep(0.05)
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, make_chunks(layout, 500, seed=5), layout)
+            await c.fetch(keys[:1], layout, transport)  # warm up: regions registered, connections open
+            before = rpc(server.rpc_socket, "status")
+            assert rpc(server.rpc_socket, "test-hold", before_layer=3)["ok"]
+            async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:
+                async for idx, _ in layers:
+                    assert rpc(server.rpc_socket, "test-wait-held")["held"]
+                    during = rpc(server.rpc_socket, "status")
+                    assert len(during["transfers_active"]) == 1 and during["open_fds"] >= before["open_fds"] + 500
+                    break  # walk away while the server is paused before layer 3
+            after = await settled(before)
+            assert after["transfers_active"] == [], "transfer still running after the client left"
+            assert after["open_fds"] <= before["open_fds"], "chunk files left open"
+            # The region is free again: this fetch reuses it and the client can unregister it.
+            payload, _ = await c.fetch(keys[:10], layout, transport)
+            assert payload.shape == (layout.num_layers, 10 * layout.per_layer_chunk_bytes)
+        rpc(server.rpc_socket, "test-release")
+
+    run(scenario())
