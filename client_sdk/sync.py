@@ -1,0 +1,91 @@
+"""A synchronous facade for serving code that is not async.
+
+It runs an :class:`ObjectCacheClient` on a private event loop thread; every
+method blocks until its result is ready. ``fetch_layers`` yields layers in
+order as they land, exactly like the async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .client import FetchStats, LayerStream, ObjectCacheClient
+from .layout import KVLayout
+
+
+class SyncLayers:
+    def __init__(self, owner: "SyncObjectCacheClient", stream: LayerStream) -> None:
+        self._owner, self.stream = owner, stream
+
+    def __iter__(self) -> Iterator[tuple[int, memoryview]]:
+        while True:
+            try:
+                yield self._owner._call(self.stream.__anext__())
+            except StopAsyncIteration:
+                return
+
+    @property
+    def stats(self) -> FetchStats:
+        return self.stream.stats
+
+    def layer(self, index: int) -> memoryview:
+        return self.stream.layer(index)
+
+
+class SyncObjectCacheClient:
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="objectcache-client", daemon=True)
+        self._thread.start()
+        self.client = ObjectCacheClient(endpoint, access_key, secret_key, bucket, region)
+        self._call(self.client.__aenter__())
+
+    def _call(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def submit(self, coro) -> "asyncio.Future":
+        """Run a coroutine on the client's loop without waiting (a concurrent.futures.Future)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def ensure_bucket(self) -> None:
+        self._call(self.client.ensure_bucket())
+
+    def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
+        return self._call(self.client.put_chunks(keys, chunks, layout))
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        return self._call(self.client.lookup(keys))
+
+    def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
+        return self._call(self.client.fetch(keys, layout, transport, **kw))
+
+    @contextlib.contextmanager
+    def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> Iterator[SyncLayers]:
+        cm = self.client.fetch_layers(keys, layout, transport, **kw)
+        stream = self._call(cm.__aenter__())
+        try:
+            yield SyncLayers(self, stream)
+        except BaseException as e:
+            self._call(cm.__aexit__(type(e), e, e.__traceback__))
+            raise
+        else:
+            self._call(cm.__aexit__(None, None, None))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self.client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> "SyncObjectCacheClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
