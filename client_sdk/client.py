@@ -28,7 +28,7 @@ from botocore.credentials import Credentials
 
 from storage_server.checksums import b64
 from storage_server.errors import ErrorCode, S3Error
-from storage_server.wire import Descriptor, FrameType, Mode, Target, Transport, encode_descriptor, encode_keys, encode_put_batch
+from storage_server.wire import Descriptor, FrameType, Mode, Target, TransferStats, Transport, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import SHM_DIR, RegionPool, RegisteredRegion, ShmRegion
 from .frames import FrameStream
@@ -50,17 +50,18 @@ def _s3_error(status: int, body: bytes) -> S3Error:
 
 @dataclass
 class FetchStats:
+    """One fetch as the client saw it, plus the server's END-frame report."""
+
     request_id: str = ""
-    mode: str = ""
     transport: str = ""
-    payload_bytes: int = 0
     gateway_s: float = 0.0
-    storage_read_s: float = 0.0
-    delivery_s: float = 0.0
-    server_total_s: float = 0.0
     client_total_s: float = 0.0
     first_layer_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    server: TransferStats = field(default_factory=TransferStats)
+
+    @property
+    def mode(self) -> str:
+        return self.server.mode
 
 
 class LayerStream:
@@ -81,10 +82,9 @@ class LayerStream:
         self._started = started
         self.stats = FetchStats(
             request_id=response.headers.get("x-amz-request-id", ""),
-            mode=response.headers.get("x-oc-mode", ""),
             transport=transport,
-            payload_bytes=int(response.headers.get("x-oc-payload-bytes", "0")),
             gateway_s=float(response.headers.get("x-oc-gateway-s", "0")),
+            server=TransferStats(mode=response.headers.get("x-oc-mode", ""), payload_bytes=int(response.headers.get("x-oc-payload-bytes", "0"))),
         )
 
     def __aiter__(self) -> "LayerStream":
@@ -120,12 +120,7 @@ class LayerStream:
                     self.stats.first_layer_s = time.perf_counter() - self._started
                 return frame.layer, view
             elif frame.type == FrameType.END:
-                end = await self._frames.read_json(frame)
-                self.stats.storage_read_s = end.get("storage_read_s", 0.0)
-                self.stats.delivery_s = end.get("delivery_s", 0.0)
-                self.stats.server_total_s = end.get("total_s", 0.0)
-                self.stats.mode = end.get("mode", self.stats.mode)
-                self.stats.extra = {k: v for k, v in end.items() if k not in ("storage_read_s", "delivery_s", "total_s", "mode")}
+                self.stats.server = TransferStats.from_json(await self._frames.read_json(frame))
                 self.stats.client_total_s = time.perf_counter() - self._started
                 self._done = True
                 if self._next != self.num_layers:

@@ -25,7 +25,7 @@ from .executor import ChunkPlan, Executor, choose_mode, open_chunks
 from .regions import RegionRegistry
 from .transports import FrameSink, HttpTransport, ShmTransport, Transport
 from .transports.rdma import open_rdma_transport
-from .wire import Descriptor, Transport as TransportKind, decode_descriptor
+from .wire import Descriptor, TransferStats, Transport as TransportKind, decode_descriptor
 
 log = logging.getLogger("objectcache.storage_server")
 
@@ -188,8 +188,8 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         pace = server.gate.check if server.gate is not None else None
         try:
             stats = await _until_disconnect(call.reader, server.executor.run(plan, transport, _layer_counter(pace) if pace else None))
-            stats["request_id"] = request_id
-            await frames.end(stats)
+            stats.request_id = request_id
+            await frames.end(stats.to_json())
             server.completed += 1
             server.bytes_delivered += d.payload_bytes
         except S3Error as e:
@@ -207,7 +207,7 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         transport.close()
 
 
-async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[dict]) -> dict:
+async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
     """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(reader.read(1))

@@ -25,7 +25,7 @@ from awscrt.checksums import crc32c
 
 from .errors import ErrorCode, S3Error
 from .transports import Transport
-from .wire import Descriptor, Mode
+from .wire import Descriptor, Mode, TransferStats
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
@@ -133,7 +133,7 @@ class Executor:
             await asyncio.gather(*futures, return_exceptions=True)
             raise
 
-    async def run(self, plan: ChunkPlan, transport: Transport, pace: Callable[[int], Awaitable[None]] | None = None) -> dict:
+    async def run(self, plan: ChunkPlan, transport: Transport, pace: Callable[[int], Awaitable[None]] | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
 
         ``pace(nbytes)`` (from the scheduler) is awaited before each layer is read.
@@ -192,11 +192,11 @@ class Executor:
                 await asyncio.gather(*deliveries, return_exceptions=True)
                 raise
             deliver_s = deliver_time[0]
-        return {
-            "mode": plan.mode.name.lower(),
-            "payload_bytes": d.payload_bytes,
-            "storage_read_s": read_s,
-            "delivery_s": deliver_s,
-            "total_s": time.perf_counter() - started,
-        }
+        return TransferStats(
+            mode=plan.mode.name.lower(),
+            payload_bytes=d.payload_bytes,
+            storage_read_s=read_s,
+            delivery_s=deliver_s,
+            total_s=time.perf_counter() - started,
+        )
 

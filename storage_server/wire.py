@@ -17,6 +17,7 @@ handful of C-level calls. Decoding is strict: any malformed input raises an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -312,7 +313,7 @@ def json_frame(ftype: FrameType, obj: dict) -> bytes:
 
 @dataclass
 class TransferStats:
-    """What the END frame reports: where the time went, and what was decided."""
+    """The END frame: where the time went on the server, and what was decided."""
 
     request_id: str = ""
     mode: str = ""
@@ -320,6 +321,13 @@ class TransferStats:
     storage_read_s: float = 0.0
     delivery_s: float = 0.0
     total_s: float = 0.0
-    gateway_s: float = 0.0
-    rate_bytes_per_s: float | None = None
-    extra: dict = field(default_factory=dict)
+    # Bandwidth allocation for layerwise transfers (scheduler): policy, rate, epoch.
+    allocation: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TransferStats":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -79,3 +79,30 @@ def test_serve_restarts_a_crashed_storage_server(tmp_path):
         assert rpc(str(sock), "status")["pid"] != pid
     finally:
         assert proc.stop() == 0
+
+
+def test_gateway_reaches_storage_server_over_tcp(tmp_path):
+    import socket as socketlib
+
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tenant = make_tenants("t")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\ntcp = "127.0.0.1:{port}"\n')
+    proc = ServerProcess(config).start()
+    try:
+        assert f"storage server: 127.0.0.1:{port}" in "".join(proc.output)
+        boto_client(proc.endpoint, tenant).create_bucket(Bucket="kvtcp")
+        layout = tiny_layout(64)
+        keys, chunks = keys_for(layout, 20, "tcp"), make_chunks(layout, 20, seed=4)
+
+        async def scenario():
+            async with client(proc, tenant, "kvtcp") as c:
+                await c.put_chunks(keys, chunks, layout)
+                for transport in ("http", "shm"):
+                    payload, _ = await c.fetch(keys, layout, transport, mode="layerwise")
+                    assert np.array_equal(payload, reference(layout, chunks))
+
+        run(scenario())
+    finally:
+        proc.stop()

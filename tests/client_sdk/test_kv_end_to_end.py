@@ -67,7 +67,7 @@ def test_both_modes_deliver_the_same_bytes(server, tenants, stored, transport, m
             payload, stats = await c.fetch(keys[:500], layout, transport, mode=mode)
             assert stats.mode == mode
             assert np.array_equal(payload, reference(layout, chunks[:500]))
-            assert stats.storage_read_s > 0 and stats.server_total_s > 0 and stats.request_id
+            assert stats.server.storage_read_s > 0 and stats.server.total_s > 0 and stats.request_id == stats.server.request_id
 
     run(fetch())
 
