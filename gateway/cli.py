@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("storage-server", help="run the storage-server daemon alone")
     _common(p, False)
     p.set_defaults(func=cmd_storage_server)
+    from bench.cli import add_subcommand
+
+    add_subcommand(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("OBJECTCACHE_LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -1,0 +1,17 @@
+"""``objectcache bench <name>``: the benchmark harness entry point."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import wire
+
+MODULES = [wire]
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (see README: Benchmarks)")
+    benches = p.add_subparsers(dest="bench_name", required=True)
+    for m in MODULES:
+        m.add_parser(benches)
+    p.set_defaults(func=lambda args: (args.bench(args), 0)[1])

@@ -1,0 +1,54 @@
+"""``objectcache bench wire``: cost of the descriptor codec per 1,000 keys (Python overhead on every request)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
+
+# A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
+CASES = [(16, 4096), (64, 1024), (256, 256)]
+
+
+def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:
+    keys = [f"llama-3.1-8b/{os.urandom(16).hex()}" for _ in range(n_keys)]
+    s = 2 * chunk_tokens * 8 * 128 * 2
+    d = Descriptor(keys, 32, chunk_tokens, s, Target(Transport.SHM, os.urandom(16), os.urandom(16), 0, n_keys * 32 * s), (0.03,))
+    body = encode_descriptor(d)
+    enc, dec = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        encode_descriptor(d)
+        enc.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        decode_descriptor(body)
+        dec.append(time.perf_counter() - t)
+    per_k = 1000 / n_keys
+    return {"chunk_tokens": chunk_tokens, "keys": n_keys, "bytes": len(body),
+            "encode_us_per_1k_keys": statistics.median(enc) * 1e6 * per_k,
+            "decode_us_per_1k_keys": statistics.median(dec) * 1e6 * per_k}
+
+
+def run(args: argparse.Namespace) -> dict:
+    repeats = 5 if args.quick else 200
+    rows = [measure(n, g, repeats) for g, n in CASES]
+    print("| G | keys | descriptor bytes | encode µs / 1k keys | decode µs / 1k keys |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['chunk_tokens']} | {r['keys']} | {r['bytes']} | {r['encode_us_per_1k_keys']:.0f} | {r['decode_us_per_1k_keys']:.0f} |")
+    result = {"benchmark": "wire", "quick": args.quick, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("wire", help="descriptor encode/decode cost per 1,000 keys")
+    p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    p.add_argument("--json", metavar="FILE")
+    p.set_defaults(bench=run)

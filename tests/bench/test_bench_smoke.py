@@ -1,0 +1,24 @@
+"""Every benchmark runs in --quick mode and writes valid JSON, so the harness never rots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import REPO
+
+
+def run_bench(*args: str, tmp_path) -> dict:
+    out = tmp_path / "result.json"
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", *args, "--quick", "--json", str(out)],
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "|" in r.stdout  # a Markdown table
+    return json.loads(out.read_text())
+
+
+def test_bench_wire(tmp_path):
+    result = run_bench("wire", tmp_path=tmp_path)
+    assert [row["chunk_tokens"] for row in result["rows"]] == [16, 64, 256]
+    assert all(row["encode_us_per_1k_keys"] > 0 and row["decode_us_per_1k_keys"] > 0 for row in result["rows"])
