@@ -28,6 +28,9 @@ class Tenant:
     name: str
     access_key: str
     secret_key: str
+    # Bandwidth pool: this tenant's cap (0 = none) and its weight in the allocation.
+    bandwidth_cap_gbps: float = 0.0
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,32 @@ class StorageServerConfig:
 
 
 @dataclass(frozen=True)
+class BandwidthConfig:
+    """The shared pool for layerwise transfers (DESIGN §6). capacity_gbps = 0 disables pacing."""
+
+    capacity_gbps: float = 0.0
+    policy: str = "calibrated-stall-opt"
+    margin_gbps: float = 5.0
+    epoch_ms: float = 10.0
+    # Layer reads dispatched at once across all paced transfers (weighted DRR order).
+    dispatch_slots: int = 2
+    # Layers a transfer may send ahead of its rate (token-bucket burst).
+    burst_layers: int = 1
+    # Without a compute window in the descriptor, a request is assumed to have this much
+    # compute per layer (0: nothing to hide behind, the most urgent).
+    default_compute_per_layer_s: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity_gbps > 0
+
+
+@dataclass(frozen=True)
 class Config:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
+    bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
     tenants: tuple[Tenant, ...] = ()
 
     @property
@@ -85,7 +110,7 @@ class Config:
         return Path(self.storage_server.socket) if self.storage_server.socket else self.data_dir / "storage-server.sock"
 
 
-SECTIONS: dict[str, type] = {"gateway": GatewayConfig, "store": StoreConfig, "storage_server": StorageServerConfig}
+SECTIONS: dict[str, type] = {"gateway": GatewayConfig, "store": StoreConfig, "storage_server": StorageServerConfig, "bandwidth": BandwidthConfig}
 
 
 def _coerce(where: str, typ: Any, value: Any) -> Any:
@@ -151,8 +176,19 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("storage_server.max_keys must be at least 1")
     if cfg.gateway.kv_max_put_bytes < 1:
         raise ConfigError("gateway.kv_max_put_bytes must be positive")
+    from scheduler.policies import POLICIES
+
+    bw = cfg.bandwidth
+    if bw.policy not in POLICIES:
+        raise ConfigError(f"bandwidth.policy: {bw.policy!r} is not one of {', '.join(POLICIES)}")
+    if bw.capacity_gbps < 0 or bw.margin_gbps < 0 or bw.epoch_ms <= 0 or bw.dispatch_slots < 1 or bw.burst_layers < 0:
+        raise ConfigError("bandwidth: capacity_gbps and margin_gbps must be >= 0, epoch_ms > 0, dispatch_slots >= 1, burst_layers >= 0")
+    if bw.default_compute_per_layer_s < 0:
+        raise ConfigError("bandwidth.default_compute_per_layer_s must be >= 0")
     seen: set[str] = set()
     for t in cfg.tenants:
+        if t.bandwidth_cap_gbps < 0 or t.weight <= 0:
+            raise ConfigError(f"tenants: {t.name!r} needs bandwidth_cap_gbps >= 0 and weight > 0")
         for attr in ("name", "access_key", "secret_key"):
             if not getattr(t, attr):
                 raise ConfigError(f"tenants: {attr} must not be empty (tenant {t.name!r})")

@@ -21,11 +21,14 @@ from typing import Any
 from .backend import Backend, LocalDiskBackend
 from .config import Config
 from .errors import ErrorCode, S3Error
-from .executor import ChunkPlan, Executor, choose_mode, open_chunks
+from scheduler.policies import TransferDemand
+
+from .bandwidth import GBPS, BandwidthPool
+from .executor import ChunkPlan, Executor, Pacer, choose_mode, open_chunks
 from .regions import RegionRegistry
 from .transports import FrameSink, HttpTransport, ShmTransport, Transport
 from .transports.rdma import open_rdma_transport
-from .wire import Descriptor, TransferStats, Transport as TransportKind, decode_descriptor
+from .wire import Descriptor, Mode, TransferStats, Transport as TransportKind, decode_descriptor
 
 log = logging.getLogger("objectcache.storage_server")
 
@@ -81,6 +84,12 @@ class StorageServer:
         self.executor = Executor(ss.io_threads, ss.theta_bytes)
         self.regions = RegionRegistry()
         self.gate = TestGate() if ss.test_hooks else None
+        bw = config.bandwidth
+        self.pool = BandwidthPool(
+            bw,
+            tenant_caps={t.name: t.bandwidth_cap_gbps * GBPS for t in config.tenants if t.bandwidth_cap_gbps > 0},
+            tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
+        ) if bw.enabled else None
         self.active: dict[str, dict[str, Any]] = {}
         self.completed = 0
         self.bytes_delivered = 0
@@ -157,6 +166,7 @@ async def _status(server: StorageServer, call: RpcCall) -> Reply:
         "transfers_completed": server.completed,
         "bytes_delivered": server.bytes_delivered,
         "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
+        "bandwidth": server.pool.status() if server.pool is not None else {"enabled": False},
     }
 
 
@@ -185,9 +195,8 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         # Validation passed: nothing can fail for the client's input from here on.
         writer.write(json.dumps({"ok": True, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes, "num_layers": d.num_layers}).encode() + b"\n")
         server.active[request_id] = {"request_id": request_id, "tenant": tenant, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes}
-        pace = server.gate.check if server.gate is not None else None
         try:
-            stats = await _until_disconnect(call.reader, server.executor.run(plan, transport, _layer_counter(pace) if pace else None))
+            stats = await _until_disconnect(call.reader, _paced_run(server, plan, transport, tenant, request_id))
             stats.request_id = request_id
             await frames.end(stats.to_json())
             server.completed += 1
@@ -207,6 +216,26 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         transport.close()
 
 
+async def _paced_run(server: StorageServer, plan: ChunkPlan, transport: Transport, tenant: str, request_id: str) -> TransferStats:
+    """Layerwise transfers join the bandwidth pool (when configured); chunkwise ones bypass it."""
+    pacers: list[Pacer] = [GatePacer(server.gate)] if server.gate is not None else []
+    lease = None
+    if server.pool is not None and plan.mode == Mode.LAYERWISE:
+        d = plan.descriptor
+        window = d.compute_window
+        compute = sum(window) / len(window) if window else server.config.bandwidth.default_compute_per_layer_s
+        lease = await server.pool.join(request_id, tenant, TransferDemand(d.layer_bytes, compute, d.num_layers))
+        pacers.append(lease)
+    try:
+        stats = await server.executor.run(plan, transport, Pacers(*pacers) if pacers else None)
+        if lease is not None:
+            stats.allocation = lease.describe()
+        return stats
+    finally:
+        if lease is not None:
+            server.pool.leave(lease)
+
+
 async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
     """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
     task = asyncio.ensure_future(work)
@@ -222,14 +251,33 @@ async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[Transf
         watcher.cancel()
 
 
-def _layer_counter(check: Callable[[int], Awaitable[None]]) -> Callable[[int], Awaitable[None]]:
-    layer = [0]
+class GatePacer:
+    """Counts layers for the test gate."""
 
-    async def pace(_nbytes: int) -> None:
-        await check(layer[0])
-        layer[0] += 1
+    def __init__(self, gate: TestGate) -> None:
+        self.gate, self.layer = gate, 0
 
-    return pace
+    async def before_layer(self, nbytes: int) -> None:
+        await self.gate.check(self.layer)
+        self.layer += 1
+
+    def after_layer(self) -> None:
+        pass
+
+
+class Pacers:
+    """Several pacers in order (test gate, then the bandwidth lease)."""
+
+    def __init__(self, *pacers: Pacer) -> None:
+        self.pacers = pacers
+
+    async def before_layer(self, nbytes: int) -> None:
+        for p in self.pacers:
+            await p.before_layer(nbytes)
+
+    def after_layer(self) -> None:
+        for p in self.pacers:
+            p.after_layer()
 
 
 async def _kv_register(server: StorageServer, call: RpcCall) -> Reply:

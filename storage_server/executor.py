@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from awscrt.checksums import crc32c
 
@@ -28,6 +28,14 @@ from .transports import Transport
 from .wire import Descriptor, Mode, TransferStats
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+class Pacer(Protocol):
+    """Paces layer reads (the bandwidth pool's lease, or a test gate)."""
+
+    async def before_layer(self, nbytes: int) -> None: ...
+
+    def after_layer(self) -> None: ...
 
 
 @dataclass
@@ -133,10 +141,11 @@ class Executor:
             await asyncio.gather(*futures, return_exceptions=True)
             raise
 
-    async def run(self, plan: ChunkPlan, transport: Transport, pace: Callable[[int], Awaitable[None]] | None = None) -> TransferStats:
+    async def run(self, plan: ChunkPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
 
-        ``pace(nbytes)`` (from the scheduler) is awaited before each layer is read.
+        ``pacer.before_layer(nbytes)`` is awaited before each layer is read and
+        ``pacer.after_layer()`` called once it is read (layerwise only).
         """
         d = plan.descriptor
         loop = asyncio.get_running_loop()
@@ -172,13 +181,17 @@ class Executor:
             reuse = transport.buffers_in_rotation
             try:
                 for layer in range(d.num_layers):
-                    if pace is not None:
-                        await pace(d.layer_bytes)
                     if reuse and layer >= reuse:
                         await deliveries[layer - reuse]  # that buffer is free again
+                    if pacer is not None:
+                        await pacer.before_layer(d.layer_bytes)
                     dest = transport.layer_buffer(layer)
                     t0 = time.perf_counter()
-                    await self.read_layer(plan, layer, dest)
+                    try:
+                        await self.read_layer(plan, layer, dest)
+                    finally:
+                        if pacer is not None:
+                            pacer.after_layer()
                     crc = await loop.run_in_executor(self.pool, crc32c, dest)
                     read_s += time.perf_counter() - t0
                     previous = deliveries[-1] if deliveries else None
