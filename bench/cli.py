@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import wire
+from . import sched, wire
 
-MODULES = [wire]
+MODULES = [wire, sched]
 
 
 def add_subcommand(sub) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
+from .harness import emit
 from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
 
 # A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> dict:
     for r in rows:
         print(f"| {r['chunk_tokens']} | {r['keys']} | {r['bytes']} | {r['encode_us_per_1k_keys']:.0f} | {r['decode_us_per_1k_keys']:.0f} |")
     result = {"benchmark": "wire", "quick": args.quick, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    emit(result, args.json)
     return result
 
 

@@ -54,9 +54,12 @@ class Lease:
             self.pool._release_slot()
 
     def describe(self) -> dict:
+        """The allocation, and the rate actually delivered: after the bucket's initial
+        burst of ``b`` bytes, a paced transfer sends ``b + r·t``, so ``(sent − b) / t`` estimates r."""
         elapsed = max(self.pool.clock() - self.admitted_at, 1e-9)
+        paced = max(self.bytes_sent - self.bucket.burst, 0)
         return {"policy": self.pool.config.policy, "rate_bytes_per_s": self.rate, "epoch": self.epoch,
-                "delivered_bytes_per_s": self.bytes_sent / elapsed}
+                "delivered_bytes_per_s": paced / elapsed}
 
 
 class BandwidthPool:

@@ -22,3 +22,9 @@ def test_bench_wire(tmp_path):
     result = run_bench("wire", tmp_path=tmp_path)
     assert [row["chunk_tokens"] for row in result["rows"]] == [16, 64, 256]
     assert all(row["encode_us_per_1k_keys"] > 0 and row["decode_us_per_1k_keys"] > 0 for row in result["rows"])
+
+
+def test_bench_sched(tmp_path):
+    result = run_bench("sched", tmp_path=tmp_path)
+    assert set(result["allocation_ms"]) == {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
+    assert len(result["pacing"]) == 3 and all(r["allocated_gbps"] > 0 and r["delivered_gbps"] > 0 for r in result["pacing"])
