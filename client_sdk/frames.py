@@ -11,7 +11,7 @@ import json
 from aiohttp import StreamReader
 
 from storage_server.errors import ErrorCode, S3Error
-from storage_server.wire import FRAME_SIZE, Frame, FrameType, unpack_frame
+from storage_server.wire import FRAME_SIZE, Frame, unpack_frame
 
 
 class FrameStream:

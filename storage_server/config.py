@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.policies import POLICIES
+
 ENV_PREFIX = "OBJECTCACHE_"
 
 
@@ -176,8 +178,6 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("storage_server.max_keys must be at least 1")
     if cfg.gateway.kv_max_put_bytes < 1:
         raise ConfigError("gateway.kv_max_put_bytes must be positive")
-    from scheduler.policies import POLICIES
-
     bw = cfg.bandwidth
     if bw.policy not in POLICIES:
         raise ConfigError(f"bandwidth.policy: {bw.policy!r} is not one of {', '.join(POLICIES)}")

@@ -100,13 +100,10 @@ def _read_whole_chunks(fds: list[int], first: int, last: int, n_chunks: int, lay
     stride = n_chunks * size
     for j in range(first, last):
         iov = [dest[layer * stride + j * size : layer * stride + (j + 1) * size] for layer in range(layers)]
-        done = 0
         for k in range(0, layers, IOV_MAX):
             part = iov[k : k + IOV_MAX]
-            n = os.preadv(fds[j], part, k * size)
-            if n != size * len(part):
+            if os.preadv(fds[j], part, k * size) != size * len(part):
                 raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}")
-            done += n
 
 
 def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:

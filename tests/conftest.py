@@ -9,6 +9,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs the same examples every time; local runs explore new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 from support import ServerProcess, TenantKeys, boto_client, make_tenants, write_config
 

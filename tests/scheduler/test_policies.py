@@ -102,7 +102,7 @@ def test_closed_form_matches_cvxpy(demands, squeeze, margin, policy):
     ours = objective(demands, rates)
     reference = cvxpy_optimum(demands, capacity, targets)
     assert abs(ours - reference) / reference <= 1e-6
-    assert ours <= reference * (1 + 1e-9)  # never worse than the solver
+    assert ours <= reference * (1 + 1e-7)  # never worse than the solver (beyond its feasibility tolerance)
 
 
 @given(st.lists(demand_st, min_size=1, max_size=64))
