@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from . import sched, wire
+from . import sched, trace, wire
 
-MODULES = [wire, sched]
+MODULES = [wire, sched, trace]
 
 
 def add_subcommand(sub) -> None:

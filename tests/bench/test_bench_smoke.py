@@ -28,3 +28,10 @@ def test_bench_sched(tmp_path):
     result = run_bench("sched", tmp_path=tmp_path)
     assert set(result["allocation_ms"]) == {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
     assert len(result["pacing"]) == 3 and all(r["allocated_gbps"] > 0 and r["delivered_gbps"] > 0 for r in result["pacing"])
+
+
+def test_bench_trace(tmp_path):
+    result = run_bench("trace", tmp_path=tmp_path)
+    assert result["requests"] == 60
+    assert 0 < result["hit_ratio"] < 1 and result["bytes_fetched"] > 0 and result["bytes_written"] > 0
+    assert 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p90"] <= result["ttft_s"]["p99"]

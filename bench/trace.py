@@ -1,0 +1,127 @@
+"""``objectcache bench trace FILE``: replay a Mooncake-format trace through the layer-ready path.
+
+Each request's ``hash_ids`` are 512-token prefix blocks (equal ids = shared
+prefix). Block b becomes 512 deterministic token ids, the prompt becomes
+chunk keys (``chunk_keys``, so shared blocks give shared keys), the longest
+cached prefix is looked up, missing chunks are written (as a serving engine
+would after prefill), and the hits are fetched layer by layer with the A100
+compute model as the compute window. Requests start at ``timestamp /
+compression`` and overlap. Bytes per token are divided by ``--scale`` and so
+is the compute time, so each request needs the same bandwidth as full size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+
+from .compute_model import per_layer_seconds, modelled_ttft
+from .harness import emit, start_server
+
+SAMPLE = Path(__file__).parent / "data" / "mooncake_synthetic_trace_sample.jsonl"
+BLOCK_TOKENS = 512
+
+
+def block_tokens(block_id: int) -> np.ndarray:
+    return (np.arange(BLOCK_TOKENS, dtype=np.uint64) + block_id * BLOCK_TOKENS) % 128_000
+
+
+def load_trace(path: Path, limit: int | None) -> list[dict]:
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if limit is not None and i >= limit:
+                break
+            r = json.loads(line)
+            for field in ("timestamp", "input_length", "hash_ids"):
+                if field not in r:
+                    raise ValueError(f"{path}:{i + 1}: missing {field!r}")
+            out.append(r)
+    return out
+
+
+async def replay(args: argparse.Namespace) -> dict:
+    trace = load_trace(Path(args.file), 60 if args.quick else None)
+    scale = 128 if args.quick else args.scale
+    max_tokens = 2048 if args.quick else args.max_tokens
+    head_dim = max(1, 128 // scale)
+    layout = KVLayout(32, args.chunk_tokens, 8, head_dim, "bfloat16")
+    effective_scale = 128 / head_dim
+    srv = start_server()
+    results = []
+    moved = {"written": 0, "fetched": 0}
+    try:
+        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="trace") as c:
+            await c.ensure_bucket()
+            start = time.perf_counter()
+
+            async def one(req: dict) -> None:
+                await asyncio.sleep(max(0.0, req["timestamp"] / 1000 / args.compression - (time.perf_counter() - start)))
+                tokens = np.concatenate([block_tokens(b) for b in req["hash_ids"]])[: req["input_length"]]
+                if max_tokens:
+                    tokens = tokens[:max_tokens]
+                keys = chunk_keys(tokens, layout.chunk_tokens, "llama-3.1-8b")
+                hit = await c.lookup(keys)
+                cached_tokens = hit * layout.chunk_tokens
+                compute = per_layer_seconds(len(tokens), cached_tokens) / effective_scale
+                ttft = compute * layout.num_layers  # nothing cached: all compute
+                if hit:
+                    t0 = time.perf_counter()
+                    arrivals = []
+                    async with c.fetch_layers(keys[:hit], layout, args.transport, compute_window=compute, verify=False) as layers:
+                        async for _ in layers:
+                            arrivals.append(time.perf_counter() - t0)
+                    ttft = modelled_ttft(arrivals, compute)
+                    moved["fetched"] += layout.payload_bytes(hit)
+                missing = keys[hit:]
+                if missing:
+                    blob = np.zeros(layout.chunk_bytes, np.uint8)
+                    await c.put_chunks(missing, [blob] * len(missing), layout)
+                    moved["written"] += layout.payload_bytes(len(missing))
+                results.append({"tokens": len(tokens), "cached_tokens": cached_tokens, "ttft_s": ttft})
+
+            await asyncio.gather(*(one(r) for r in trace))
+    finally:
+        srv.stop()
+    ttfts = np.array([r["ttft_s"] for r in results])
+    total_tokens = sum(r["tokens"] for r in results)
+    summary = {
+        "benchmark": "trace", "quick": args.quick, "file": str(args.file), "requests": len(results),
+        "scale": effective_scale, "chunk_tokens": layout.chunk_tokens, "compression": args.compression,
+        "hit_ratio": sum(r["cached_tokens"] for r in results) / total_tokens,
+        "bytes_written": moved["written"], "bytes_fetched": moved["fetched"],
+        "ttft_s": {p: float(np.percentile(ttfts, q)) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))},
+    }
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict:
+    s = asyncio.run(replay(args))
+    print(f"Trace replay: {s['requests']} requests from {Path(s['file']).name}, G={s['chunk_tokens']}, "
+          f"bytes/token ÷{s['scale']:.0f} (compute ÷ the same), timestamps ÷{s['compression']}\n")
+    print("| hit ratio | bytes written | bytes fetched | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) |\n|---|---|---|---|---|---|")
+    t = s["ttft_s"]
+    print(f"| {s['hit_ratio']:.3f} | {s['bytes_written']} | {s['bytes_fetched']} | {t['p50']:.4f} | {t['p90']:.4f} | {t['p99']:.4f} |")
+    emit(s, args.json)
+    return s
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("trace", help="replay a Mooncake-format trace through the layer-ready path")
+    p.add_argument("file", nargs="?", default=str(SAMPLE), help="trace (default: the bundled 200-request sample)")
+    p.add_argument("--quick", action="store_true", help="first 60 requests, prompts capped at 2,048 tokens, bytes ÷128")
+    p.add_argument("--max-tokens", type=int, default=0, help="cap each prompt (0: no cap)")
+    p.add_argument("--scale", type=int, default=128,
+                   help="divide bytes per token (and compute) by this (power of two ≤ 128); the full sample is ~6 GB at 128")
+    p.add_argument("--chunk-tokens", type=int, default=64)
+    p.add_argument("--compression", type=float, default=10.0, help="divide trace timestamps by this")
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "http"])
+    p.add_argument("--json", metavar="FILE")
+    p.set_defaults(bench=run)
