@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from . import sched, trace, wire
+from . import s3ops, sched, trace, wire
 
-MODULES = [wire, sched, trace]
+MODULES = [wire, sched, trace, s3ops]
 
 
 def add_subcommand(sub) -> None:

@@ -35,3 +35,10 @@ def test_bench_trace(tmp_path):
     assert result["requests"] == 60
     assert 0 < result["hit_ratio"] < 1 and result["bytes_fetched"] > 0 and result["bytes_written"] > 0
     assert 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p90"] <= result["ttft_s"]["p99"]
+
+
+def test_bench_s3ops(tmp_path):
+    result = run_bench("s3ops", tmp_path=tmp_path)
+    combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
+    assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
+    assert all(r["objectcache"]["ops_per_s"] > 0 and r["moto"]["ops_per_s"] > 0 for r in result["rows"])

@@ -1,0 +1,118 @@
+"""``objectcache bench s3ops``: plain S3 PUT/GET throughput and latency, ObjectCache beside moto.
+
+Both run as separate server processes on 127.0.0.1 and are driven by the same
+aiobotocore client code in the same run: 4 KiB and 1 MiB objects, concurrency
+1 and 16. moto's server is a peer S3 implementation, not a performance
+target; the ratio shows how much of the per-request cost is the gateway's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+from aiobotocore.session import get_session
+from botocore.config import Config as BotoConfig
+
+from .harness import emit, start_server
+
+SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
+CONCURRENCY = (1, 16)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc, endpoint
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+async def measure(endpoint: str, ak: str, sk: str, size: int, concurrency: int, ops: int) -> dict:
+    session = get_session()
+    async with session.create_client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=ak,
+                                     aws_secret_access_key=sk,
+                                     config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=concurrency)) as s3:
+        bucket = f"s3ops-{size}-{concurrency}"
+        await s3.create_bucket(Bucket=bucket)
+        body = os.urandom(size)
+        result = {}
+        for op in ("put", "get"):
+            latencies: list[float] = []
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(i: int) -> None:
+                async with sem:
+                    t = time.perf_counter()
+                    if op == "put":
+                        await s3.put_object(Bucket=bucket, Key=f"k{i}", Body=body)
+                    else:
+                        r = await s3.get_object(Bucket=bucket, Key=f"k{i}")
+                        await r["Body"].read()
+                    latencies.append(time.perf_counter() - t)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(ops)))
+            elapsed = time.perf_counter() - start
+            result[op] = {"ops_per_s": ops / elapsed, "mib_per_s": ops * size / elapsed / 2**20,
+                          "p50_ms": float(np.percentile(latencies, 50) * 1000), "p99_ms": float(np.percentile(latencies, 99) * 1000)}
+        return result
+
+
+async def run_all(quick: bool) -> list[dict]:
+    oc = start_server()
+    moto, moto_endpoint = start_moto()
+    rows = []
+    try:
+        for size_name, size in SIZES.items():
+            for conc in CONCURRENCY:
+                ops = (20 if size > 65536 else 50) if quick else (200 if size > 65536 else 1000)
+                a = await measure(oc.endpoint, oc.access_key, oc.secret_key, size, conc, ops)
+                b = await measure(moto_endpoint, "testing", "testing", size, conc, ops)
+                for op in ("put", "get"):
+                    rows.append({"size": size_name, "concurrency": conc, "op": op, "objectcache": a[op], "moto": b[op],
+                                 "throughput_ratio": a[op]["ops_per_s"] / b[op]["ops_per_s"]})
+    finally:
+        oc.stop()
+        moto.terminate()
+        moto.wait(10)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    rows = asyncio.run(run_all(args.quick))
+    print("| size | conc | op | ObjectCache ops/s | p50 ms | p99 ms | moto ops/s | p50 ms | p99 ms | ObjectCache / moto |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        a, b = r["objectcache"], r["moto"]
+        print(f"| {r['size']} | {r['concurrency']} | {r['op'].upper()} | {a['ops_per_s']:.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | "
+              f"{b['ops_per_s']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | {r['throughput_ratio']:.2f}× |")
+    result = {"benchmark": "s3ops", "quick": args.quick, "rows": rows}
+    emit(result, args.json)
+    return result
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("s3ops", help="plain S3 PUT/GET throughput and latency, beside moto's server")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", metavar="FILE")
+    p.set_defaults(bench=run)
