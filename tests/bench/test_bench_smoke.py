@@ -42,3 +42,11 @@ def test_bench_s3ops(tmp_path):
     combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
     assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
     assert all(r["objectcache"]["ops_per_s"] > 0 and r["moto"]["ops_per_s"] > 0 for r in result["rows"])
+
+
+def test_bench_transfer(tmp_path):
+    result = run_bench("transfer", tmp_path=tmp_path)
+    (row,) = result["rows"]
+    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"}
+    assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
+    assert all(p["gb_per_s"] > 0 for p in row["paths"].values())

@@ -1,0 +1,158 @@
+"""``objectcache bench transfer``: how fast a cached prefix reaches the destination, path by path.
+
+Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
+``--scale``), for each G and (context, hit) in one run:
+
+* **opt-local** — memcpy of pre-assembled layer-major bytes into the destination (the physical limit here);
+* **S3-CW** — one aiobotocore GET per chunk object through the gateway (concurrency 16), then scatter into layer-major;
+* **S3-range** — one ranged GET per chunk per layer (timed on a sample of layers and scaled to all L, said so in the report);
+* **ObjectCache-http / -shm** — one descriptor, layer-major payload delivered by the storage server.
+
+Every path runs once to warm the page cache, then is timed; ratios are to
+opt-local and to S3-CW measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import numpy as np
+from aiobotocore.session import get_session
+from botocore.config import Config as BotoConfig
+
+from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+
+from .harness import emit, start_server
+
+CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
+G_VALUES = [16, 64, 256]
+RANGE_SAMPLE_LAYERS = 2
+
+
+def layout_for(g: int, scale: int) -> KVLayout:
+    return KVLayout(32, g, 8, max(1, 128 // scale), "bfloat16")
+
+
+async def s3_cw(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.ndarray) -> int:
+    sem = asyncio.Semaphore(16)
+    n, s = len(keys), layout.per_layer_chunk_bytes
+    view = dest.reshape(layout.num_layers, n, s)
+
+    async def one(j: int, key: str) -> None:
+        async with sem:
+            r = await s3.get_object(Bucket=bucket, Key=key)
+            data = await r["Body"].read()
+        view[:, j, :] = np.frombuffer(data, np.uint8).reshape(layout.num_layers, s)
+
+    await asyncio.gather(*(one(j, k) for j, k in enumerate(keys)))
+    return n
+
+
+async def s3_range(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.ndarray, layers: int) -> int:
+    sem = asyncio.Semaphore(16)
+    n, s = len(keys), layout.per_layer_chunk_bytes
+    view = dest.reshape(layout.num_layers, n, s)
+
+    async def one(layer: int, j: int, key: str) -> None:
+        async with sem:
+            r = await s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={layer * s}-{(layer + 1) * s - 1}")
+            data = await r["Body"].read()
+        view[layer, j, :] = np.frombuffer(data, np.uint8)
+
+    await asyncio.gather(*(one(layer, j, k) for layer in range(layers) for j, k in enumerate(keys)))
+    return layers * n
+
+
+async def timed(fn, repeats: int = 1) -> float:
+    await fn()  # warm
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        await fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int) -> dict:
+    layout = layout_for(g, scale)
+    n = int(context * hit) // g
+    rng = np.random.default_rng(g * 1000 + context)
+    keys = chunk_keys(rng.integers(0, 128_000, n * g), g, f"transfer-{context}-{hit}")
+    chunks = rng.integers(0, 256, (n, layout.chunk_bytes), dtype=np.uint8)
+    await c.put_chunks(keys, list(chunks), layout)
+    w = layout.payload_bytes(n)
+    src = np.ascontiguousarray(chunks.reshape(n, layout.num_layers, -1).transpose(1, 0, 2)).reshape(-1)
+    dest = np.empty(w, np.uint8)
+
+    async def opt_local():
+        np.copyto(dest, src)
+
+    async def via(transport):
+        async def go():
+            async with c.fetch_layers(keys, layout, transport, mode="layerwise") as layers:
+                async for _ in layers:
+                    pass
+        return go
+
+    sample = min(RANGE_SAMPLE_LAYERS, layout.num_layers)
+    times = {
+        "opt-local": await timed(opt_local, 3),
+        "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest)),
+        "S3-range": await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample)) * layout.num_layers / sample,
+        "ObjectCache-http": await timed(await via("http")),
+        "ObjectCache-shm": await timed(await via("shm")),
+    }
+    requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1}
+    return {
+        "chunk_tokens": g, "context": context, "hit": hit, "chunks": n, "payload_bytes": w,
+        "paths": {p: {"seconds": t, "gb_per_s": w / t / 1e9, "requests": requests[p],
+                      "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t} for p, t in times.items()},
+    }
+
+
+async def run_all(args: argparse.Namespace) -> list[dict]:
+    srv = start_server()
+    rows = []
+    cases = [(64, 4096, 0.5)] if args.quick else [(g, ctx, hit) for g in G_VALUES for ctx, hit in CONTEXTS]
+    if args.only:
+        g, ctx, hit = args.only.split(":")
+        cases = [(int(g), int(ctx), float(hit))]
+    scale = 16 if args.quick else args.scale
+    try:
+        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-transfer") as c:
+            await c.ensure_bucket()
+            session = get_session()
+            async with session.create_client("s3", endpoint_url=srv.endpoint, region_name="us-east-1", aws_access_key_id=srv.access_key,
+                                             aws_secret_access_key=srv.secret_key,
+                                             config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=16)) as s3:
+                for i, (g, ctx, hit) in enumerate(cases):
+                    print(f"[{i + 1}/{len(cases)}] G={g} context={ctx} hit={hit}", flush=True)
+                    rows.append(await run_case(c, s3, g, ctx, hit, scale))
+    finally:
+        srv.stop()
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    rows = asyncio.run(run_all(args))
+    scale = 16 if args.quick else args.scale
+    print(f"\nBytes per token ÷{scale}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
+    print("| G | context | hit | path | GB/s | requests | × opt-local | × S3-CW |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for p, v in r["paths"].items():
+            print(f"| {r['chunk_tokens']} | {r['context']} | {r['hit']} | {p} | {v['gb_per_s']:.2f} | {v['requests']} | "
+                  f"{v['vs_opt_local']:.2f} | {v['vs_s3_cw']:.2f} |")
+    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "rows": rows}
+    emit(result, args.json)
+    return result
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("transfer", help="opt-local vs S3-CW vs S3-range vs ObjectCache http/shm")
+    p.add_argument("--quick", action="store_true", help="one small case (G=64, 4K at 50%%, bytes ÷16)")
+    p.add_argument("--scale", type=int, default=4, help="divide bytes per token by this (the full grid writes ~2.5 GB at 4)")
+    p.add_argument("--only", metavar="G:CONTEXT:HIT", help="one case, e.g. 16:65536:0.875")
+    p.add_argument("--json", metavar="FILE")
+    p.set_defaults(bench=run)
