@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 from awscrt import checksums as crt
 
+from .errors import ErrorCode, S3Error
+
 ALGORITHMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
 
 
@@ -74,3 +76,15 @@ def composite_checksum(algorithm: str, part_values: list[str]) -> str:
     for v in part_values:
         c.update(base64.b64decode(v))
     return f"{b64(c.digest())}-{len(part_values)}"
+
+
+def verify_digests(d: Digester, expected_md5: bytes | None, expected_checksums: dict[str, str]) -> None:
+    """Compare what was received with what the client declared (Content-MD5, x-amz-checksum-*)."""
+    if expected_md5 is not None and d.md5.digest() != expected_md5:
+        raise S3Error(ErrorCode.BadDigest, "The Content-MD5 you specified did not match what we received.")
+    values = d.checksum_values()
+    for alg, expected in expected_checksums.items():
+        if alg not in values:
+            raise S3Error(ErrorCode.InvalidRequest, f"Checksum {alg} was sent but not announced in x-amz-trailer or x-amz-sdk-checksum-algorithm.")
+        if values[alg] != expected:
+            raise S3Error(ErrorCode.BadDigest, f"The {alg} you specified did not match the calculated checksum.")

@@ -12,6 +12,7 @@ from multidict import CIMultiDictProxy
 from gateway.auth.payload import body_stream
 from gateway.auth.sigv4 import AuthResult
 from storage_server.backend import Backend, BucketInfo
+from storage_server.checksums import Digester, verify_digests
 from storage_server.config import GatewayConfig
 from storage_server.errors import ErrorCode, S3Error
 
@@ -64,11 +65,18 @@ class S3Request:
         return body_stream(self.http.content, self.auth, self.trailers)
 
     async def body_bytes(self, limit: int) -> bytes:
+        """The whole (small) body, with its declared Content-MD5 / x-amz-checksum-* verified."""
+        expected, algorithms, trailer = h.checksum_request(self.headers)
+        md5 = h.content_md5(self.headers)
+        digester = Digester(algorithms)
         out = bytearray()
         async for chunk in self.body():
             out += chunk
             if len(out) > limit:
                 raise S3Error(ErrorCode.InvalidRequest, f"Request body exceeds {limit} bytes.")
+        digester.update(out)
+        expected.update(h.trailer_checksums(trailer, self.trailers))
+        verify_digests(digester, md5, expected)
         return bytes(out)
 
     def expected_length(self) -> int | None:

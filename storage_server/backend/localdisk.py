@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from ..checksums import Digester, composite_checksum
+from ..checksums import Digester, composite_checksum, verify_digests
 from ..errors import ErrorCode, S3Error
 from .base import (
     Backend,
@@ -243,17 +243,10 @@ class LocalDiskBackend(Backend):
     def _verify(spec: PutSpec, d: Digester) -> None:
         if spec.expected_size is not None and d.size != spec.expected_size:
             raise S3Error(ErrorCode.IncompleteBody)
-        if spec.expected_md5 is not None and d.md5.digest() != spec.expected_md5:
-            raise S3Error(ErrorCode.BadDigest, "The Content-MD5 you specified did not match what we received.")
-        values = d.checksum_values()
         expected_checksums = dict(spec.expected_checksums)
         if spec.late_checksums is not None:
             expected_checksums.update(spec.late_checksums())
-        for alg, expected in expected_checksums.items():
-            if alg not in values:
-                raise S3Error(ErrorCode.InvalidRequest, f"Checksum {alg} was sent but not announced in x-amz-trailer or x-amz-sdk-checksum-algorithm.")
-            if values[alg] != expected:
-                raise S3Error(ErrorCode.BadDigest, f"The {alg} you specified did not match the calculated checksum.")
+        verify_digests(d, spec.expected_md5, expected_checksums)
 
     # -- buckets ---------------------------------------------------------------
     async def create_bucket(self, name: str, owner: str, region: str) -> None:

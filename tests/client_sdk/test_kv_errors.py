@@ -178,3 +178,22 @@ def test_descriptor_header_is_compact():
     # 16-byte digests as hex suffixes + a shared prefix: about 33 bytes a key.
     assert len(body) < 3584 * 34 + 200
     assert struct.unpack_from("<4s", body)[0] == b"OCKV"
+
+
+def test_corrupted_kv_put_body_is_refused(server, tenants, kv_bucket, s3):
+    """kv-put bodies are unsigned but carry a CRC32C; a body that does not match is not stored."""
+    import base64
+
+    from awscrt.checksums import crc32c
+
+    from storage_server.wire import encode_put_batch
+
+    bucket, _ = kv_bucket
+    good = b"".join(bytes(p) for p in encode_put_batch([("err/corrupt", b"x" * LAYOUT.chunk_bytes)]))
+    crc = base64.b64encode(crc32c(good).to_bytes(4, "big")).decode()
+    bad = good[:-1] + b"y"
+    r = signed(server.endpoint, tenants["alice"], "POST", f"/{bucket}?kv-put", headers={"x-amz-checksum-crc32c": crc},
+               body=bad, payload_hash="UNSIGNED-PAYLOAD")
+    assert r.status == 400 and ET.fromstring(r.body).findtext("Code") == "BadDigest"
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="err/corrupt").get("Contents", [])]
+    assert keys == []
