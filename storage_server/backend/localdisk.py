@@ -347,6 +347,24 @@ class LocalDiskBackend(Backend):
                 tmp.unlink(missing_ok=True)
             raise
 
+        return self._commit_published(bucket, published)
+
+    def _final_path_no_sync(self, tmp: Path) -> Path:
+        final = self._final_path()
+        os.rename(tmp, final)
+        return final
+
+    def _commit_new_file(self, tmp: Path, meta: ObjectMeta, immutable: bool = False) -> ObjectMeta:
+        return self._commit_published(meta.bucket, [(self._publish(tmp), meta, immutable)])[0]
+
+    def _commit_published(self, bucket: str, published: list[tuple[Path, ObjectMeta, bool]]) -> list[ObjectMeta]:
+        """Make durable, published files visible in one transaction (or none of them).
+
+        An immutable object (a KV chunk) may be put again only with identical
+        bytes, which is a no-op; different bytes are refused. Replaced files
+        and no-op duplicates are unlinked after the commit.
+        """
+
         def tx(db: sqlite3.Connection) -> tuple[list[ObjectMeta], list[str]]:
             self._bucket_exists(db, bucket)
             results, garbage = [], []
@@ -378,42 +396,6 @@ class LocalDiskBackend(Backend):
         for g in garbage:
             Path(g).unlink(missing_ok=True)
         return results
-
-    def _final_path_no_sync(self, tmp: Path) -> Path:
-        final = self._final_path()
-        os.rename(tmp, final)
-        return final
-
-    def _commit_new_file(self, tmp: Path, meta: ObjectMeta, immutable: bool = False) -> ObjectMeta:
-        final = self._publish(tmp)
-
-        def tx(db: sqlite3.Connection) -> tuple[str | None, ObjectMeta]:
-            self._bucket_exists(db, meta.bucket)
-            kb = meta.key.encode()
-            old = db.execute(
-                f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, kb)
-            ).fetchone()
-            if old is not None and (immutable or old[12]):
-                existing = self._row_to_meta(old)
-                if existing.etag == meta.etag and existing.size == meta.size:
-                    return str(final), existing  # identical re-put of an immutable object: no-op
-                raise S3Error(
-                    ErrorCode.InvalidRequest,
-                    f"Object {meta.key!r} is an immutable KV chunk and already exists with different bytes.",
-                    resource=f"/{meta.bucket}/{meta.key}",
-                    extra={"Key": meta.key},
-                )
-            self._insert_object(db, meta, str(final), immutable)
-            return (old[10] if old else None), meta
-
-        try:
-            garbage, result = self._write_tx(tx)
-        except BaseException:
-            final.unlink(missing_ok=True)
-            raise
-        if garbage:
-            Path(garbage).unlink(missing_ok=True)
-        return result
 
     @staticmethod
     def _insert_object(db: sqlite3.Connection, m: ObjectMeta, path: str, immutable: bool) -> None:
