@@ -173,7 +173,7 @@ class ObjectCacheClient:
             self._http = None
 
     # -- signed extension requests ------------------------------------------------
-    def _signed_headers(self, method: str, url: str, body: bytes | None, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
+    def _signed_headers(self, method: str, url: str, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
         req = AWSRequest(method=method, url=url, headers={"X-Amz-Content-SHA256": payload_hash, **extra})
         self._signer.add_auth(req)
         return dict(req.headers.items())
@@ -188,7 +188,7 @@ class ObjectCacheClient:
             crc = 0
             for p in body:
                 crc = crc32c(p, crc)
-            headers = self._signed_headers("POST", url, None, UNSIGNED_PAYLOAD, {"x-amz-checksum-crc32c": b64(crc.to_bytes(4, "big")), **(extra_headers or {})})
+            headers = self._signed_headers("POST", url, UNSIGNED_PAYLOAD, {"x-amz-checksum-crc32c": b64(crc.to_bytes(4, "big")), **(extra_headers or {})})
             headers["Content-Length"] = str(length)
 
             async def gen():
@@ -197,7 +197,7 @@ class ObjectCacheClient:
 
             data: Any = gen()
         else:
-            headers = self._signed_headers("POST", url, body, payload_hash or hashlib.sha256(body).hexdigest(), extra_headers or {})
+            headers = self._signed_headers("POST", url, payload_hash or hashlib.sha256(body).hexdigest(), extra_headers or {})
             data = body
         resp = await self._http.post(url, data=data, headers=headers)
         if resp.status != 200:
@@ -333,7 +333,7 @@ class ObjectCacheClient:
     async def status(self) -> dict:
         assert self._http is not None
         url = f"{self.endpoint}/?kv-status"
-        headers = self._signed_headers("GET", url, None, hashlib.sha256(b"").hexdigest(), {})
+        headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {})
         async with self._http.get(url, headers=headers) as resp:
             if resp.status != 200:
                 raise _s3_error(resp.status, await resp.read())

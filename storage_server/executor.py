@@ -86,8 +86,8 @@ def open_chunks(locations: list[tuple[str, int] | None], d: Descriptor) -> list[
 
 
 def _read_run(fds: list[int], first: int, last: int, file_offset: int, size: int, dest: memoryview) -> None:
-    """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``(j-first)·size``."""
-    pos = 0
+    """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``j·size`` (prefix order)."""
+    pos = first * size
     for j in range(first, last):
         n = os.preadv(fds[j], [dest[pos : pos + size]], file_offset)
         if n != size:
@@ -126,17 +126,23 @@ class Executor:
         bounds = [n * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
-    async def read_layer(self, plan: ChunkPlan, layer: int, dest: memoryview) -> None:
-        s = plan.descriptor.per_layer_chunk_bytes
+    async def _read_runs(self, fn, plan: ChunkPlan, *args) -> None:
+        """Run ``fn(fds, first, last, *args)`` over contiguous runs of chunks on the read pool.
+
+        If one run fails, the others are waited for before the error propagates,
+        so no thread is still writing into a buffer the caller is about to free.
+        """
         loop = asyncio.get_running_loop()
-        futures = []
-        for first, last in self._runs(len(plan.fds)):
-            futures.append(loop.run_in_executor(self.pool, _read_run, plan.fds, first, last, layer * s, s, dest[first * s : last * s]))
+        futures = [loop.run_in_executor(self.pool, fn, plan.fds, first, last, *args) for first, last in self._runs(len(plan.fds))]
         try:
             await asyncio.gather(*futures)
         except BaseException:
             await asyncio.gather(*futures, return_exceptions=True)
             raise
+
+    async def read_layer(self, plan: ChunkPlan, layer: int, dest: memoryview) -> None:
+        s = plan.descriptor.per_layer_chunk_bytes
+        await self._read_runs(_read_run, plan, layer * s, s, dest)
 
     async def run(self, plan: ChunkPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
@@ -151,15 +157,7 @@ class Executor:
         if plan.mode == Mode.CHUNKWISE:
             dest = transport.payload_buffer()
             t0 = time.perf_counter()
-            futures = [
-                loop.run_in_executor(self.pool, _read_whole_chunks, plan.fds, first, last, len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
-                for first, last in self._runs(len(plan.fds))
-            ]
-            try:
-                await asyncio.gather(*futures)
-            except BaseException:
-                await asyncio.gather(*futures, return_exceptions=True)
-                raise
+            await self._read_runs(_read_whole_chunks, plan, len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
             crcs = await loop.run_in_executor(self.pool, _crc_layers, dest, d.layer_bytes, d.num_layers)
             t1 = time.perf_counter()
             await transport.deliver_payload(dest, crcs)
