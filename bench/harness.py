@@ -53,3 +53,20 @@ def emit(result: dict, path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def add_bench_parser(sub, name: str, help: str, run):
+    """A benchmark subcommand with the options every benchmark has (``--quick``, ``--json``)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--quick", action="store_true", help="a tiny run (the smoke test in `make test`)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(bench=run)
+    return p
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    """A Markdown table on stdout."""
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")

@@ -20,7 +20,7 @@ import numpy as np
 from aiobotocore.session import get_session
 from botocore.config import Config as BotoConfig
 
-from .harness import emit, start_server
+from .harness import add_bench_parser, emit, print_table, start_server
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
 CONCURRENCY = (1, 16)
@@ -100,19 +100,15 @@ async def run_all(quick: bool) -> list[dict]:
 
 def run(args: argparse.Namespace) -> dict:
     rows = asyncio.run(run_all(args.quick))
-    print("| size | conc | op | ObjectCache ops/s | p50 ms | p99 ms | moto ops/s | p50 ms | p99 ms | ObjectCache / moto |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        a, b = r["objectcache"], r["moto"]
-        print(f"| {r['size']} | {r['concurrency']} | {r['op'].upper()} | {a['ops_per_s']:.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | "
-              f"{b['ops_per_s']:.0f} | {b['p50_ms']:.2f} | {b['p99_ms']:.2f} | {r['throughput_ratio']:.2f}× |")
+    print_table(
+        ["size", "conc", "op", "ObjectCache ops/s", "p50 ms", "p99 ms", "moto ops/s", "p50 ms", "p99 ms", "ObjectCache / moto"],
+        [[r["size"], r["concurrency"], r["op"].upper(),
+          *(v for side in (r["objectcache"], r["moto"]) for v in (f"{side['ops_per_s']:.0f}", f"{side['p50_ms']:.2f}", f"{side['p99_ms']:.2f}")),
+          f"{r['throughput_ratio']:.2f}×"] for r in rows])
     result = {"benchmark": "s3ops", "quick": args.quick, "rows": rows}
     emit(result, args.json)
     return result
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("s3ops", help="plain S3 PUT/GET throughput and latency, beside moto's server")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(bench=run)
+    add_bench_parser(sub, "s3ops", "plain S3 PUT/GET throughput and latency, beside moto's server", run)

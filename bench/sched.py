@@ -18,7 +18,7 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 from scheduler import POLICIES, TransferDemand, allocate
 
-from .harness import emit, start_server
+from .harness import add_bench_parser, emit, print_table, start_server
 
 GBPS = 1e9 / 8
 
@@ -75,21 +75,15 @@ def run(args: argparse.Namespace) -> dict:
     n = 1000 if args.quick else 10_000
     alloc = time_allocation(n, 3 if args.quick else 20)
     print(f"Allocation of {n} demands (median ms):\n")
-    print("| policy | ms |\n|---|---|")
-    for p, ms in alloc.items():
-        print(f"| {p} | {ms:.2f} |")
+    print_table(["policy", "ms"], [[p, f"{ms:.2f}"] for p, ms in alloc.items()])
     rows = asyncio.run(pacing_accuracy(args.quick))
     print("\nPacing accuracy (3 concurrent layerwise loads over shm, stall-opt):\n")
-    print("| chunks | compute/layer (s) | allocated Gbps | delivered Gbps | delivered/allocated |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['chunks']} | {r['compute_window_s']} | {r['allocated_gbps']:.3f} | {r['delivered_gbps']:.3f} | {r['accuracy']:.3f} |")
+    print_table(["chunks", "compute/layer (s)", "allocated Gbps", "delivered Gbps", "delivered/allocated"],
+                [[r["chunks"], r["compute_window_s"], f"{r['allocated_gbps']:.3f}", f"{r['delivered_gbps']:.3f}", f"{r['accuracy']:.3f}"] for r in rows])
     result = {"benchmark": "sched", "quick": args.quick, "allocation_ms": alloc, "allocation_demands": n, "pacing": rows}
     emit(result, args.json)
     return result
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sched", help="allocator cost and pacing accuracy")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(bench=run)
+    add_bench_parser(sub, "sched", "allocator cost and pacing accuracy", run)

@@ -23,7 +23,7 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from .compute_model import per_layer_seconds, modelled_ttft
-from .harness import emit, start_server
+from .harness import add_bench_parser, emit, print_table, start_server
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_synthetic_trace_sample.jsonl"
 BLOCK_TOKENS = 512
@@ -106,22 +106,19 @@ def run(args: argparse.Namespace) -> dict:
     s = asyncio.run(replay(args))
     print(f"Trace replay: {s['requests']} requests from {Path(s['file']).name}, G={s['chunk_tokens']}, "
           f"bytes/token ÷{s['scale']:.0f} (compute ÷ the same), timestamps ÷{s['compression']}\n")
-    print("| hit ratio | bytes written | bytes fetched | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) |\n|---|---|---|---|---|---|")
     t = s["ttft_s"]
-    print(f"| {s['hit_ratio']:.3f} | {s['bytes_written']} | {s['bytes_fetched']} | {t['p50']:.4f} | {t['p90']:.4f} | {t['p99']:.4f} |")
+    print_table(["hit ratio", "bytes written", "bytes fetched", "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)"],
+                [[f"{s['hit_ratio']:.3f}", s["bytes_written"], s["bytes_fetched"], f"{t['p50']:.4f}", f"{t['p90']:.4f}", f"{t['p99']:.4f}"]])
     emit(s, args.json)
     return s
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("trace", help="replay a Mooncake-format trace through the layer-ready path")
+    p = add_bench_parser(sub, "trace", "replay a Mooncake-format trace through the layer-ready path", run)
     p.add_argument("file", nargs="?", default=str(SAMPLE), help="trace (default: the bundled 200-request sample)")
-    p.add_argument("--quick", action="store_true", help="first 60 requests, prompts capped at 2,048 tokens, bytes ÷128")
     p.add_argument("--max-tokens", type=int, default=0, help="cap each prompt (0: no cap)")
     p.add_argument("--scale", type=int, default=128,
                    help="divide bytes per token (and compute) by this (power of two ≤ 128); the full sample is ~6 GB at 128")
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--compression", type=float, default=10.0, help="divide trace timestamps by this")
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "http"])
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(bench=run)

@@ -24,7 +24,7 @@ from botocore.config import Config as BotoConfig
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .harness import emit, start_server
+from .harness import add_bench_parser, emit, print_table, start_server
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
 G_VALUES = [16, 64, 256]
@@ -139,20 +139,15 @@ def run(args: argparse.Namespace) -> dict:
     rows = asyncio.run(run_all(args))
     scale = 16 if args.quick else args.scale
     print(f"\nBytes per token ÷{scale}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
-    print("| G | context | hit | path | GB/s | requests | × opt-local | × S3-CW |\n|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        for p, v in r["paths"].items():
-            print(f"| {r['chunk_tokens']} | {r['context']} | {r['hit']} | {p} | {v['gb_per_s']:.2f} | {v['requests']} | "
-                  f"{v['vs_opt_local']:.2f} | {v['vs_s3_cw']:.2f} |")
+    print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
+                [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
+                 for r in rows for p, v in r["paths"].items()])
     result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "rows": rows}
     emit(result, args.json)
     return result
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("transfer", help="opt-local vs S3-CW vs S3-range vs ObjectCache http/shm")
-    p.add_argument("--quick", action="store_true", help="one small case (G=64, 4K at 50%%, bytes ÷16)")
+    p = add_bench_parser(sub, "transfer", "opt-local vs S3-CW vs S3-range vs ObjectCache http/shm", run)
     p.add_argument("--scale", type=int, default=4, help="divide bytes per token by this (the full grid writes ~2.5 GB at 4)")
     p.add_argument("--only", metavar="G:CONTEXT:HIT", help="one case, e.g. 16:65536:0.875")
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(bench=run)

@@ -7,7 +7,7 @@ import os
 import statistics
 import time
 
-from .harness import emit
+from .harness import add_bench_parser, emit, print_table
 from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
 
 # A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
@@ -36,17 +36,12 @@ def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:
 def run(args: argparse.Namespace) -> dict:
     repeats = 5 if args.quick else 200
     rows = [measure(n, g, repeats) for g, n in CASES]
-    print("| G | keys | descriptor bytes | encode µs / 1k keys | decode µs / 1k keys |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['chunk_tokens']} | {r['keys']} | {r['bytes']} | {r['encode_us_per_1k_keys']:.0f} | {r['decode_us_per_1k_keys']:.0f} |")
+    print_table(["G", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
+                [[r["chunk_tokens"], r["keys"], r["bytes"], f"{r['encode_us_per_1k_keys']:.0f}", f"{r['decode_us_per_1k_keys']:.0f}"] for r in rows])
     result = {"benchmark": "wire", "quick": args.quick, "rows": rows}
     emit(result, args.json)
     return result
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("wire", help="descriptor encode/decode cost per 1,000 keys")
-    p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(bench=run)
+    add_bench_parser(sub, "wire", "descriptor encode/decode cost per 1,000 keys", run)
