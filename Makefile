@@ -19,7 +19,7 @@ aws: $(AWS_STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	@touch $@
 
 $(AWS_STAMP): Makefile

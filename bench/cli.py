@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from . import s3ops, sched, trace, transfer, wire
+from . import s3ops, sched, trace, transfer, ttft, wire
 
-MODULES = [wire, transfer, sched, trace, s3ops]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops]
 
 
 def add_subcommand(sub) -> None:

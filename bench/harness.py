@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+from client_sdk import KVLayout
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,16 +30,24 @@ class BenchServer:
     proc: subprocess.Popen
     root: Path
 
-    def stop(self) -> None:
+    def stop(self, keep_data: bool = False) -> None:
+        """Stop the server and (unless ``keep_data``, for a restart on the same store) delete its data."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(30)
+        if not keep_data:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def restart(self, extra_toml: str = "") -> "BenchServer":
+        """The same store and credentials under a new configuration (e.g. another bandwidth policy)."""
+        self.stop(keep_data=True)
+        return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key))
 
 
-def start_server(extra_toml: str = "") -> BenchServer:
+def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None) -> BenchServer:
     """``objectcache serve`` on a free port with one tenant, in a temporary data directory."""
-    root = Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
-    ak, sk = "BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24)
+    root = root or Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
+    ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", "0"],
@@ -55,11 +70,46 @@ def emit(result: dict, path: str | None) -> None:
             json.dump(result, f, indent=2)
 
 
+def finish(args, result: dict, plot: Callable[[dict, Any], None] | None = None) -> dict:
+    """Write ``--json`` and draw ``--plot`` (``plot(result, figure)`` fills a matplotlib figure)."""
+    emit(result, args.json)
+    if args.plot and plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(11, 6), layout="constrained")
+        plot(result, fig)
+        fig.savefig(args.plot, dpi=110)
+        print(f"\nplot written to {args.plot}")
+    return result
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
+    """A progress bar on stderr when it is a terminal; plain iteration otherwise (CI logs stay clean)."""
+    from tqdm import tqdm
+
+    return iter(tqdm(iterable, total=total, desc=desc, disable=None, leave=False, file=sys.stderr))
+
+
+def llama_layout(chunk_tokens: int, scale: int) -> KVLayout:
+    """Llama 3.1 8B (32 layers, 4096 B per token per layer) with the bytes per token divided by ``scale``.
+
+    ``scale`` must be a power of two ≤ 1024: it shrinks head_dim first, then the KV heads.
+    """
+    if scale < 1 or scale > 1024 or scale & (scale - 1):
+        raise ValueError(f"--scale must be a power of two between 1 and 1024, not {scale}")
+    heads, head_dim = (8, 128 // scale) if scale <= 128 else (1024 // scale, 1)
+    return KVLayout(32, chunk_tokens, heads, head_dim, "bfloat16")
+
+
 def add_bench_parser(sub, name: str, help: str, run):
-    """A benchmark subcommand with the options every benchmark has (``--quick``, ``--json``)."""
+    """A benchmark subcommand with the options every benchmark has (``--quick``, ``--json``, ``--plot``)."""
     p = sub.add_parser(name, help=help)
     p.add_argument("--quick", action="store_true", help="a tiny run (the smoke test in `make test`)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the results into this PNG")
     p.set_defaults(bench=run)
     return p
 
