@@ -258,7 +258,7 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: memoryview | np.ndarray | None = None, verify: bool = True) -> AsyncIterator[LayerStream]:
+                           out: memoryview | np.ndarray | None = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -267,6 +267,10 @@ class ObjectCacheClient:
         is the per-layer compute time of the request's miss tokens (seconds),
         which the server's bandwidth allocator uses. ``out`` (http only) is a
         buffer of at least ``N·L·S`` bytes to fill instead of a new one.
+        ``verify`` checks each layer's CRC32C; by default it does over ``http``
+        (the bytes crossed sockets) and not over ``shm``, where the server
+        computed the CRC from the very pages this process reads, so a check
+        could only repeat the same sum.
         """
         keys = list(keys)
         if not keys:
@@ -300,7 +304,8 @@ class ObjectCacheClient:
                     # The storage server restarted and forgot our region: register afresh, retry once.
                     self._regions.forget(region)
                     region = None
-            stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), verify, started)
+            check = kind != Transport.SHM if verify is None else verify
+            stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:

@@ -81,7 +81,7 @@ class StorageServer:
         self.backend = backend
         self.started = time.time()
         ss = config.storage_server
-        self.executor = Executor(ss.io_threads, ss.theta_bytes)
+        self.executor = Executor(ss.io_threads or os.cpu_count() or 2, ss.theta_bytes)
         self.regions = RegionRegistry()
         self.gate = TestGate() if ss.test_hooks else None
         bw = config.bandwidth

@@ -4,8 +4,8 @@ Layerwise, for ℓ = 0..L-1: the slice ``[ℓS, (ℓ+1)S)`` of every chunk is re
 with ``preadv`` straight into the layer's destination (chunk j at ``j·S``) by a
 bounded thread pool (each task reads a contiguous run of chunks, so Python
 overhead is per run, not per slice, and the GIL is released during reads);
-the layer's CRC32C is computed off the event loop; delivery of layer ℓ
-overlaps the reads of layer ℓ+1; layers are delivered strictly in order.
+the layer's CRC32C is computed off the event loop and, like the delivery of
+layer ℓ, overlaps the reads of layer ℓ+1; layers are delivered strictly in order.
 
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
 iovecs land its L slices at their layer-major places; all notifications come
@@ -166,7 +166,9 @@ class Executor:
             deliveries: list[asyncio.Task] = []
             deliver_time = [0.0]
 
-            async def deliver(layer: int, data: memoryview, crc: int, previous: asyncio.Task | None) -> None:
+            async def deliver(layer: int, data: memoryview, previous: asyncio.Task | None) -> None:
+                # The CRC runs while the next layer is being read.
+                crc = await loop.run_in_executor(self.pool, crc32c, data)
                 if previous is not None:
                     await previous  # strict layer order
                 t = time.perf_counter()
@@ -187,12 +189,11 @@ class Executor:
                     finally:
                         if pacer is not None:
                             pacer.after_layer()
-                    crc = await loop.run_in_executor(self.pool, crc32c, dest)
                     read_s += time.perf_counter() - t0
                     previous = deliveries[-1] if deliveries else None
                     if previous is not None and previous.done():
                         previous.result()  # a failed delivery (client gone) stops the reads now
-                    deliveries.append(asyncio.ensure_future(deliver(layer, dest, crc, previous)))
+                    deliveries.append(asyncio.ensure_future(deliver(layer, dest, previous)))
                 await deliveries[-1]
             except BaseException:
                 for t in deliveries:

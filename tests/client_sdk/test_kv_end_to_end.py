@@ -51,6 +51,8 @@ def test_fetch_equals_reference_assembly(server, tenants, stored, transport, g, 
                     assert np.array_equal(np.frombuffer(view, np.uint8), expected[idx]), f"layer {idx}"
                     seen.append(idx)
                 assert layers.stats.transport == transport
+                # CRC32C is checked where bytes crossed sockets, not over shm (the server summed these very pages).
+                assert layers.verify == (transport == "http")
             assert seen == list(range(layout.num_layers))
 
     run(fetch())
