@@ -9,6 +9,10 @@ attention over the whole context: ``T(m, n) = a·m + b·m·n`` with ``n = h + m`
 
 from __future__ import annotations
 
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 NUM_LAYERS = 32
@@ -57,3 +61,22 @@ def modelled_ttft(arrivals: list[float], compute_per_layer: float) -> float:
     for t in arrivals:
         done = max(done, t) + compute_per_layer
     return done
+
+
+class ModelledGPU:
+    """Stands in for the GPU: "computing" a layer is a precise sleep on a thread of its own.
+
+    The event loop's timers are millisecond-grained (uvloop rounds a 0.3 ms sleep
+    to 0), while per-layer compute at short contexts is a fraction of a
+    millisecond; ``time.sleep`` on a thread keeps ~0.1 ms precision, and the
+    serving loop awaits it as it would a CUDA event, free to take other frames.
+    """
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modelled-gpu")
+
+    async def compute(self, seconds: float) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, time.sleep, seconds)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)

@@ -93,6 +93,19 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "") ->
     return iter(tqdm(iterable, total=total, desc=desc, disable=None, leave=False, file=sys.stderr))
 
 
+def power_of_two(text: str) -> int:
+    """argparse type for ``--scale``: a power of two between 1 and 1024."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1 or v > 1024 or v & (v - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two between 1 and 1024, not {text!r}")
+    return v
+
+
 def llama_layout(chunk_tokens: int, scale: int) -> KVLayout:
     """Llama 3.1 8B (32 layers, 4096 B per token per layer) with the bytes per token divided by ``scale``.
 

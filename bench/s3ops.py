@@ -20,7 +20,7 @@ import numpy as np
 from aiobotocore.session import get_session
 from botocore.config import Config as BotoConfig
 
-from .harness import add_bench_parser, emit, print_table, start_server
+from .harness import add_bench_parser, finish, print_table, progress, start_server
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
 CONCURRENCY = (1, 16)
@@ -83,14 +83,13 @@ async def run_all(quick: bool) -> list[dict]:
     moto, moto_endpoint = start_moto()
     rows = []
     try:
-        for size_name, size in SIZES.items():
-            for conc in CONCURRENCY:
-                ops = (20 if size > 65536 else 50) if quick else (200 if size > 65536 else 1000)
-                a = await measure(oc.endpoint, oc.access_key, oc.secret_key, size, conc, ops)
-                b = await measure(moto_endpoint, "testing", "testing", size, conc, ops)
-                for op in ("put", "get"):
-                    rows.append({"size": size_name, "concurrency": conc, "op": op, "objectcache": a[op], "moto": b[op],
-                                 "throughput_ratio": a[op]["ops_per_s"] / b[op]["ops_per_s"]})
+        for size_name, size, conc in progress([(n, s, c) for n, s in SIZES.items() for c in CONCURRENCY], desc="s3ops"):
+            ops = (20 if size > 65536 else 50) if quick else (200 if size > 65536 else 1000)
+            a = await measure(oc.endpoint, oc.access_key, oc.secret_key, size, conc, ops)
+            b = await measure(moto_endpoint, "testing", "testing", size, conc, ops)
+            for op in ("put", "get"):
+                rows.append({"size": size_name, "concurrency": conc, "op": op, "objectcache": a[op], "moto": b[op],
+                             "throughput_ratio": a[op]["ops_per_s"] / b[op]["ops_per_s"]})
     finally:
         oc.stop()
         moto.terminate()
@@ -105,9 +104,22 @@ def run(args: argparse.Namespace) -> dict:
         [[r["size"], r["concurrency"], r["op"].upper(),
           *(v for side in (r["objectcache"], r["moto"]) for v in (f"{side['ops_per_s']:.0f}", f"{side['p50_ms']:.2f}", f"{side['p99_ms']:.2f}")),
           f"{r['throughput_ratio']:.2f}×"] for r in rows])
-    result = {"benchmark": "s3ops", "quick": args.quick, "rows": rows}
-    emit(result, args.json)
-    return result
+    target = all(r["throughput_ratio"] >= 3 for r in rows if r["size"] == "4KiB" and r["concurrency"] == 16)
+    print(f"\n- 4 KiB PUT and GET at concurrency 16 ≥ 3× moto: {'met' if target else 'MISSED'}")
+    result = {"benchmark": "s3ops", "quick": args.quick, "rows": rows, "targets": {"4KiB c16 ≥ 3× moto": target}}
+    return finish(args, result, plot)
+
+
+def plot(result: dict, fig) -> None:
+    rows = result["rows"]
+    ax = fig.subplots()
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["objectcache"]["ops_per_s"] for r in rows], 0.4, label="ObjectCache")
+    ax.bar(x + 0.2, [r["moto"]["ops_per_s"] for r in rows], 0.4, label="moto server")
+    ax.set_xticks(x, [f"{r['size']} c{r['concurrency']} {r['op'].upper()}" for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("operations / s")
+    ax.set_title("bench s3ops: ObjectCache beside moto's server")
+    ax.legend()
 
 
 def add_parser(sub) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+from client_sdk import ObjectCacheClient, chunk_keys
 
 from .compute_model import per_layer_seconds, modelled_ttft
-from .harness import add_bench_parser, emit, print_table, start_server
+from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_synthetic_trace_sample.jsonl"
 BLOCK_TOKENS = 512
@@ -51,9 +51,7 @@ async def replay(args: argparse.Namespace) -> dict:
     trace = load_trace(Path(args.file), 60 if args.quick else None)
     scale = 128 if args.quick else args.scale
     max_tokens = 2048 if args.quick else args.max_tokens
-    head_dim = max(1, 128 // scale)
-    layout = KVLayout(32, args.chunk_tokens, 8, head_dim, "bfloat16")
-    effective_scale = 128 / head_dim
+    layout = llama_layout(args.chunk_tokens, scale)
     srv = start_server()
     results = []
     moved = {"written": 0, "fetched": 0}
@@ -70,7 +68,7 @@ async def replay(args: argparse.Namespace) -> dict:
                 keys = chunk_keys(tokens, layout.chunk_tokens, "llama-3.1-8b")
                 hit = await c.lookup(keys)
                 cached_tokens = hit * layout.chunk_tokens
-                compute = per_layer_seconds(len(tokens), cached_tokens) / effective_scale
+                compute = per_layer_seconds(len(tokens), cached_tokens) / scale
                 ttft = compute * layout.num_layers  # nothing cached: all compute
                 if hit:
                     t0 = time.perf_counter()
@@ -87,17 +85,19 @@ async def replay(args: argparse.Namespace) -> dict:
                     moved["written"] += layout.payload_bytes(len(missing))
                 results.append({"tokens": len(tokens), "cached_tokens": cached_tokens, "ttft_s": ttft})
 
-            await asyncio.gather(*(one(r) for r in trace))
+            for done in progress(asyncio.as_completed([one(r) for r in trace]), total=len(trace), desc="trace"):
+                await done
     finally:
         srv.stop()
     ttfts = np.array([r["ttft_s"] for r in results])
     total_tokens = sum(r["tokens"] for r in results)
     summary = {
         "benchmark": "trace", "quick": args.quick, "file": str(args.file), "requests": len(results),
-        "scale": effective_scale, "chunk_tokens": layout.chunk_tokens, "compression": args.compression,
+        "scale": scale, "chunk_tokens": layout.chunk_tokens, "compression": args.compression,
         "hit_ratio": sum(r["cached_tokens"] for r in results) / total_tokens,
         "bytes_written": moved["written"], "bytes_fetched": moved["fetched"],
         "ttft_s": {p: float(np.percentile(ttfts, q)) for p, q in (("p50", 50), ("p90", 90), ("p99", 99))},
+        "per_request": results,
     }
     return summary
 
@@ -109,16 +109,30 @@ def run(args: argparse.Namespace) -> dict:
     t = s["ttft_s"]
     print_table(["hit ratio", "bytes written", "bytes fetched", "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)"],
                 [[f"{s['hit_ratio']:.3f}", s["bytes_written"], s["bytes_fetched"], f"{t['p50']:.4f}", f"{t['p90']:.4f}", f"{t['p99']:.4f}"]])
-    emit(s, args.json)
-    return s
+    return finish(args, s, plot)
+
+
+def plot(result: dict, fig) -> None:
+    reqs = result["per_request"]
+    left, right = fig.subplots(1, 2)
+    ttft = np.sort([r["ttft_s"] for r in reqs])
+    left.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft))
+    left.set_xlabel("modelled TTFT (s)")
+    left.set_ylabel("fraction of requests")
+    left.set_title("TTFT CDF")
+    right.scatter([r["tokens"] for r in reqs], [r["cached_tokens"] / r["tokens"] for r in reqs], s=8)
+    right.set_xlabel("prompt tokens")
+    right.set_ylabel("cached fraction")
+    right.set_title(f"hit ratio {result['hit_ratio']:.3f}")
+    fig.suptitle(f"bench trace: {result['requests']} requests, bytes per token ÷{result['scale']:.0f}")
 
 
 def add_parser(sub) -> None:
     p = add_bench_parser(sub, "trace", "replay a Mooncake-format trace through the layer-ready path", run)
     p.add_argument("file", nargs="?", default=str(SAMPLE), help="trace (default: the bundled 200-request sample)")
     p.add_argument("--max-tokens", type=int, default=0, help="cap each prompt (0: no cap)")
-    p.add_argument("--scale", type=int, default=128,
-                   help="divide bytes per token (and compute) by this (power of two ≤ 128); the full sample is ~6 GB at 128")
+    p.add_argument("--scale", type=power_of_two, default=128,
+                   help="divide bytes per token (and compute) by this (power of two ≤ 1024); the full sample is ~6 GB at 128")
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--compression", type=float, default=10.0, help="divide trace timestamps by this")
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "http"])

@@ -24,15 +24,11 @@ from botocore.config import Config as BotoConfig
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .harness import add_bench_parser, emit, print_table, start_server
+from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
 G_VALUES = [16, 64, 256]
 RANGE_SAMPLE_LAYERS = 2
-
-
-def layout_for(g: int, scale: int) -> KVLayout:
-    return KVLayout(32, g, 8, max(1, 128 // scale), "bfloat16")
 
 
 async def s3_cw(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.ndarray) -> int:
@@ -77,7 +73,7 @@ async def timed(fn, repeats: int = 3) -> float:
 
 
 async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int) -> dict:
-    layout = layout_for(g, scale)
+    layout = llama_layout(g, scale)
     n = int(context * hit) // g
     rng = np.random.default_rng(g * 1000 + context)
     keys = chunk_keys(rng.integers(0, 128_000, n * g), g, f"transfer-{context}-{hit}")
@@ -128,8 +124,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
             async with session.create_client("s3", endpoint_url=srv.endpoint, region_name="us-east-1", aws_access_key_id=srv.access_key,
                                              aws_secret_access_key=srv.secret_key,
                                              config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=16)) as s3:
-                for i, (g, ctx, hit) in enumerate(cases):
-                    print(f"[{i + 1}/{len(cases)}] G={g} context={ctx} hit={hit}", flush=True)
+                for g, ctx, hit in progress(cases, desc="transfer"):
                     rows.append(await run_case(c, s3, g, ctx, hit, scale))
     finally:
         srv.stop()
@@ -143,12 +138,44 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
                  for r in rows for p, v in r["paths"].items()])
-    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "rows": rows}
-    emit(result, args.json)
-    return result
+    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "rows": rows, "targets": targets(rows)}
+    print()
+    for name, ok in result["targets"].items():
+        print(f"- {name}: {'met' if ok else 'MISSED'}")
+    return finish(args, result, plot)
+
+
+def targets(rows: list[dict]) -> dict[str, bool]:
+    """The benchmark issue's targets that this run's cases cover."""
+    met = {}
+    for r in rows:
+        p, case = r["paths"], (r["chunk_tokens"], r["context"], r["hit"])
+        if case == (16, 65536, 0.875):
+            met["G=16 64K@87.5%: shm ≥ 40% of opt-local"] = p["ObjectCache-shm"]["vs_opt_local"] >= 0.40
+            met["G=16 64K@87.5%: shm ≥ 5× S3-CW"] = p["ObjectCache-shm"]["vs_s3_cw"] >= 5
+            met["G=16 64K@87.5%: shm ≥ 50× S3-range"] = p["ObjectCache-shm"]["gb_per_s"] >= 50 * p["S3-range"]["gb_per_s"]
+            met["G=16 64K@87.5%: http ≥ 1.5× S3-CW"] = p["ObjectCache-http"]["vs_s3_cw"] >= 1.5
+        if case == (256, 65536, 0.875):
+            met["G=256 64K@87.5%: shm ≥ 60% of opt-local"] = p["ObjectCache-shm"]["vs_opt_local"] >= 0.60
+    return met
+
+
+def plot(result: dict, fig) -> None:
+    rows = result["rows"]
+    paths = list(rows[0]["paths"])
+    ax = fig.subplots()
+    width = 0.8 / len(paths)
+    for k, p in enumerate(paths):
+        ax.bar(np.arange(len(rows)) + k * width, [r["paths"][p]["gb_per_s"] for r in rows], width, label=p)
+    ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2,
+                  [f"G{r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%}" for r in rows], rotation=45, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"bench transfer (bytes per token ÷{result['scale']}{', cold page cache' if result.get('cold') else ''})")
+    ax.legend()
 
 
 def add_parser(sub) -> None:
     p = add_bench_parser(sub, "transfer", "opt-local vs S3-CW vs S3-range vs ObjectCache http/shm", run)
-    p.add_argument("--scale", type=int, default=4, help="divide bytes per token by this (the full grid writes ~2.5 GB at 4)")
+    p.add_argument("--scale", type=power_of_two, default=4, help="divide bytes per token by this (the full grid writes ~2.5 GB at 4)")
     p.add_argument("--only", metavar="G:CONTEXT:HIT", help="one case, e.g. 16:65536:0.875")

@@ -31,8 +31,8 @@ from botocore.config import Config as BotoConfig
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .compute_model import NUM_LAYERS, per_layer_seconds
-from .harness import add_bench_parser, finish, llama_layout, print_table, progress, start_server
+from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
+from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
 from .transfer import s3_cw
 
 PATHS = ("opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW")
@@ -46,22 +46,27 @@ Compute = Callable[[int], Awaitable[None]]
 
 
 # -- compute ------------------------------------------------------------------------
-def model_compute(seconds_per_layer: float) -> Compute:
+def model_compute(gpu: ModelledGPU, seconds_per_layer: float) -> Compute:
     async def compute(layer: int) -> None:
-        await asyncio.sleep(seconds_per_layer)
+        await gpu.compute(seconds_per_layer)
     return compute
 
 
-def torch_compute(context: int, cached: int, scale: int) -> Compute:
-    """Llama 3.1 8B layer shapes on a CUDA GPU: QKV/O projections, attention of the miss
-    tokens over the whole context, and the gated MLP (miss tokens divided by ``scale``).
-    Written for GPUs; this project's CI machines have none, so it is exercised only where one exists."""
+def require_torch_gpu() -> None:
     try:
         import torch
     except ImportError:
         raise SystemExit("--compute torch needs PyTorch (pip install torch); the default model needs nothing") from None
     if not torch.cuda.is_available():
         raise SystemExit("--compute torch needs a CUDA GPU and none is visible; use the default A100 model instead")
+
+
+def torch_compute(context: int, cached: int, scale: int) -> Compute:
+    """Llama 3.1 8B layer shapes on a CUDA GPU: QKV/O projections, attention of the miss
+    tokens over the whole context, and the gated MLP (miss tokens divided by ``scale``).
+    Written for GPUs; this project's CI machines have none, so it is exercised only where one exists."""
+    import torch
+
     dev, dt = torch.device("cuda"), torch.bfloat16
     m, n = max((context - cached) // scale, 1), context  # ÷scale tokens: linear and attention work ÷scale
     x = torch.randn(m, 4096, device=dev, dtype=dt)
@@ -176,6 +181,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
         gs, contexts = (g,), (ctx,)
     repeats = 1 if args.quick else args.repeats
     srv = start_server()
+    gpu = ModelledGPU()
     rows: list[dict] = []
     try:
         async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-ttft") as c:
@@ -196,7 +202,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
                         n = int(ctx * hit) // g
                         cached = n * g
                         window = per_layer_seconds(ctx, cached) / scale
-                        compute = torch_compute(ctx, cached, scale) if args.compute == "torch" else model_compute(window)
+                        compute = torch_compute(ctx, cached, scale) if args.compute == "torch" else model_compute(gpu, window)
                         case = Case(layout, keys[:n], chunks[:n], compute, window, c, s3)
                         ttft = await measure(case, repeats)
                         base = ttft["opt-local-LW"]
@@ -207,6 +213,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
                         })
                         del case
     finally:
+        gpu.close()
         srv.stop()
     return rows
 
@@ -239,6 +246,8 @@ def plot(result: dict, fig) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.compute == "torch":
+        require_torch_gpu()
     rows = asyncio.run(run_all(args))
     scale = 64 if args.quick else args.scale
     print(f"\nTTFT per path; bytes per token and compute ÷{scale}; compute model: {args.compute}; best of "
@@ -256,7 +265,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def add_parser(sub) -> None:
     p = add_bench_parser(sub, "ttft", "TTFT of a layer-ready serving loop: opt-local/Local/S3/ObjectCache", run)
-    p.add_argument("--scale", type=int, default=8, help="divide bytes per token and compute time by this (power of two)")
+    p.add_argument("--scale", type=power_of_two, default=8, help="divide bytes per token and compute time by this (power of two)")
     p.add_argument("--compute", choices=["model", "torch"], default="model",
                    help="per-layer compute: the A100 model (default) or real matmuls on a CUDA GPU")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per path (the best is reported)")

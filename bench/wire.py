@@ -7,7 +7,7 @@ import os
 import statistics
 import time
 
-from .harness import add_bench_parser, emit, print_table
+from .harness import add_bench_parser, finish, print_table
 from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
 
 # A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
@@ -39,8 +39,19 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["G", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
                 [[r["chunk_tokens"], r["keys"], r["bytes"], f"{r['encode_us_per_1k_keys']:.0f}", f"{r['decode_us_per_1k_keys']:.0f}"] for r in rows])
     result = {"benchmark": "wire", "quick": args.quick, "rows": rows}
-    emit(result, args.json)
-    return result
+    return finish(args, result, plot)
+
+
+def plot(result: dict, fig) -> None:
+    rows = result["rows"]
+    ax = fig.subplots()
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["encode_us_per_1k_keys"] for r in rows], 0.4, label="encode")
+    ax.bar([i + 0.2 for i in x], [r["decode_us_per_1k_keys"] for r in rows], 0.4, label="decode")
+    ax.set_xticks(list(x), [f"G={r['chunk_tokens']} ({r['keys']} keys)" for r in rows])
+    ax.set_ylabel("µs per 1,000 keys")
+    ax.set_title("bench wire: descriptor codec cost")
+    ax.legend()
 
 
 def add_parser(sub) -> None:

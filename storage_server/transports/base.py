@@ -20,6 +20,10 @@ class FrameSink:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
+        # A written memoryview stays referenced by the transport until it is flushed
+        # (uvloop does not copy it), and layer buffers are reused once sent: so drain()
+        # must mean "flushed". With both marks at 0 it waits until nothing is queued.
+        writer.transport.set_write_buffer_limits(high=0, low=0)
 
     async def send(self, *pieces: bytes | memoryview) -> None:
         for p in pieces:

@@ -1,38 +1,82 @@
-"""Every benchmark runs in --quick mode and writes valid JSON, so the harness never rots."""
+"""Every benchmark runs in --quick mode, writes valid JSON and a PNG, so the harness never rots.
+
+These check that each report is complete (every path and policy present, every
+figure a positive number); speed targets are the benchmarks' business, not the tests'.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+POLICIES = {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
 
 
 def run_bench(*args: str, tmp_path) -> dict:
-    out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", *args, "--quick", "--json", str(out)],
+    out, png = tmp_path / "result.json", tmp_path / "result.png"
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", *args, "--quick", "--json", str(out), "--plot", str(png)],
                        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "|" in r.stdout  # a Markdown table
+    assert "|---|" in r.stdout  # a Markdown table
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
     return json.loads(out.read_text())
+
+
+def positive(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
 
 
 def test_bench_wire(tmp_path):
     result = run_bench("wire", tmp_path=tmp_path)
     assert [row["chunk_tokens"] for row in result["rows"]] == [16, 64, 256]
-    assert all(row["encode_us_per_1k_keys"] > 0 and row["decode_us_per_1k_keys"] > 0 for row in result["rows"])
+    assert all(positive(row["encode_us_per_1k_keys"]) and positive(row["decode_us_per_1k_keys"]) for row in result["rows"])
+
+
+def test_bench_transfer(tmp_path):
+    result = run_bench("transfer", tmp_path=tmp_path)
+    (row,) = result["rows"]
+    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"}
+    assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
+    assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
+    assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
+
+
+def test_bench_ttft(tmp_path):
+    result = run_bench("ttft", tmp_path=tmp_path)
+    assert {(r["context"], r["hit"]) for r in result["rows"]} == {(4096, 0.5), (4096, 0.875)}
+    for r in result["rows"]:
+        assert set(r["paths"]) == {"opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW"}
+        assert r["paths"]["opt-local-LW"]["overhead_vs_opt_local_lw"] == 0
+        # Every path computes all 32 layers, so none can finish before the compute alone.
+        assert all(p["ttft_s"] >= 32 * r["compute_per_layer_s"] for p in r["paths"].values())
+    assert "ObjectCache-LW beats S3-CW everywhere" in result["targets"]
 
 
 def test_bench_sched(tmp_path):
     result = run_bench("sched", tmp_path=tmp_path)
-    assert set(result["allocation_ms"]) == {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
-    assert len(result["pacing"]) == 3 and all(r["allocated_gbps"] > 0 and r["delivered_gbps"] > 0 for r in result["pacing"])
+    assert set(result["allocation_ms"]) == POLICIES
+    (w,) = result["workloads"]
+    assert w["workload"] == "A" and set(w["policies"]) == POLICIES
+    assert len(w["uncapped"]["requests"]) == 4
+    for name, p in w["policies"].items():
+        rates = [r["allocated_gbps"] for r in p["requests"]]
+        assert len(rates) == 4 and all(positive(x) for x in rates)
+        assert sum(rates) <= 80 * 1.001, name  # the cap, reported at full size
+        assert all(positive(r["ttft_s"]) for r in p["requests"]) and p["pacing_accuracy"]
+    # Allocations are the policy's, as in DESIGN §6's reference check.
+    assert [round(r["allocated_gbps"], 2) for r in w["policies"]["stall-opt"]["requests"]] == [8.99, 42.24, 3.96, 24.81]
 
 
 def test_bench_trace(tmp_path):
     result = run_bench("trace", tmp_path=tmp_path)
-    assert result["requests"] == 60
+    assert result["requests"] == 60 == len(result["per_request"])
     assert 0 < result["hit_ratio"] < 1 and result["bytes_fetched"] > 0 and result["bytes_written"] > 0
     assert 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p90"] <= result["ttft_s"]["p99"]
 
@@ -41,12 +85,25 @@ def test_bench_s3ops(tmp_path):
     result = run_bench("s3ops", tmp_path=tmp_path)
     combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
     assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
-    assert all(r["objectcache"]["ops_per_s"] > 0 and r["moto"]["ops_per_s"] > 0 for r in result["rows"])
+    assert all(positive(r["objectcache"]["ops_per_s"]) and positive(r["moto"]["ops_per_s"]) for r in result["rows"])
 
 
-def test_bench_transfer(tmp_path):
-    result = run_bench("transfer", tmp_path=tmp_path)
-    (row,) = result["rows"]
-    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"}
-    assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
-    assert all(p["gb_per_s"] > 0 for p in row["paths"].values())
+def test_bench_rejects_a_scale_that_is_not_a_power_of_two(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "ttft", "--scale", "3"],
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert r.returncode == 2 and "--scale: must be a power of two" in r.stderr
+
+
+def _torch_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(_torch_gpu(), reason="this machine can run --compute torch, so there is no refusal to check")
+def test_bench_ttft_torch_compute_says_what_it_needs(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "ttft", "--quick", "--compute", "torch"],
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert r.returncode != 0 and "--compute torch needs" in r.stderr

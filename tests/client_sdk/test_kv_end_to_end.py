@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from client_sdk import ObjectCacheError
+from client_sdk import KVLayout, ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 
 G_VALUES = [16, 64, 256]
@@ -204,3 +204,28 @@ def test_lookup_counts_the_leading_run(server, tenants, stored):
             assert await c.lookup([]) == 0
 
     run(scenario())
+
+
+def test_http_layer_buffers_are_not_reused_before_their_bytes_are_sent(server, tenants, s3):
+    """The http transport stages layers in two rotating buffers. Layers of 512 KiB outrun the
+    socket, so a buffer refilled before its bytes were flushed would corrupt what the client
+    receives (this failed in roughly one fetch in four before the sink waited for a full flush)."""
+    bucket = "kv-http-rotation"
+    s3.create_bucket(Bucket=bucket)
+    layout = KVLayout(num_layers=32, chunk_tokens=64, kv_heads=8, head_dim=8, dtype="bfloat16")  # S = 16 KiB
+    n = 32
+    keys, chunks = keys_for(layout, n, "rotation"), make_chunks(layout, n, seed=5)
+    expected = reference(layout, chunks)
+
+    async def fetch_repeatedly():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, chunks, layout)
+            for attempt in range(16):
+                async with c.fetch_layers(keys, layout, "http", mode="layerwise", verify=False) as layers:
+                    async for _ in layers:
+                        pass
+                    got = np.frombuffer(layers.payload, np.uint8).reshape(layout.num_layers, -1)
+                    bad = [i for i in range(layout.num_layers) if not np.array_equal(got[i], expected[i])]
+                    assert bad == [], f"fetch {attempt}: layers {bad} differ"
+
+    run(fetch_repeatedly())
