@@ -9,13 +9,14 @@ Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
 * **ObjectCache-http / -shm** — one descriptor, layer-major payload delivered by the storage server.
 
 Every path runs once to warm the page cache, then the best of three timed
-runs counts; ratios are to opt-local and to S3-CW measured in the same run.
+runs counts (``--cold`` drops the page cache before each timed run); ratios are to opt-local and to S3-CW measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -61,18 +62,36 @@ async def s3_range(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.
     return layers * n
 
 
-async def timed(fn, repeats: int = 3) -> float:
-    """Best of ``repeats`` runs after one warm-up (page cache, connections, registered regions)."""
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """Write back and drop the page cache (needs root); raises with the reason when it cannot."""
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        raise SystemExit(f"--cold needs to drop the page cache ({DROP_CACHES}: {e.strerror}); run as root or leave --cold out") from None
+
+
+async def timed(fn, repeats: int = 3, cold: bool = False) -> float:
+    """Best of ``repeats`` runs after one warm-up (page cache, connections, registered regions).
+
+    ``cold``: the page cache is dropped before every run (the warm-up still sets up connections and regions).
+    """
     await fn()
     best = float("inf")
     for _ in range(repeats):
+        if cold:
+            drop_page_cache()
         t = time.perf_counter()
         await fn()
         best = min(best, time.perf_counter() - t)
     return best
 
 
-async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int) -> dict:
+async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int, cold: bool = False) -> dict:
     layout = llama_layout(g, scale)
     n = int(context * hit) // g
     rng = np.random.default_rng(g * 1000 + context)
@@ -96,10 +115,10 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
     sample = min(RANGE_SAMPLE_LAYERS, layout.num_layers)
     times = {
         "opt-local": await timed(opt_local),
-        "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest)),
-        "S3-range": await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample), 1) * layout.num_layers / sample,
-        "ObjectCache-http": await timed(await via("http")),
-        "ObjectCache-shm": await timed(await via("shm")),
+        "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest), cold=cold),
+        "S3-range": await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample), 1, cold) * layout.num_layers / sample,
+        "ObjectCache-http": await timed(await via("http"), cold=cold),
+        "ObjectCache-shm": await timed(await via("shm"), cold=cold),
     }
     requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1}
     return {
@@ -125,7 +144,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
                                              aws_secret_access_key=srv.secret_key,
                                              config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=16)) as s3:
                 for g, ctx, hit in progress(cases, desc="transfer"):
-                    rows.append(await run_case(c, s3, g, ctx, hit, scale))
+                    rows.append(await run_case(c, s3, g, ctx, hit, scale, args.cold))
     finally:
         srv.stop()
     return rows
@@ -134,11 +153,13 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     rows = asyncio.run(run_all(args))
     scale = 16 if args.quick else args.scale
-    print(f"\nBytes per token ÷{scale}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
+    cache = "page cache dropped before every timed run" if args.cold else "warm page cache"
+    print(f"\nBytes per token ÷{scale}; {cache}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
     print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
                  for r in rows for p, v in r["paths"].items()])
-    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "rows": rows, "targets": targets(rows)}
+    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rows": rows,
+              "targets": {} if args.cold else targets(rows)}
     print()
     for name, ok in result["targets"].items():
         print(f"- {name}: {'met' if ok else 'MISSED'}")
@@ -179,3 +200,4 @@ def add_parser(sub) -> None:
     p = add_bench_parser(sub, "transfer", "opt-local vs S3-CW vs S3-range vs ObjectCache http/shm", run)
     p.add_argument("--scale", type=power_of_two, default=4, help="divide bytes per token by this (the full grid writes ~2.5 GB at 4)")
     p.add_argument("--only", metavar="G:CONTEXT:HIT", help="one case, e.g. 16:65536:0.875")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before every timed run (needs root)")
