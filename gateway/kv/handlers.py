@@ -12,6 +12,7 @@ executes. Request bodies and frames are defined in ``storage_server.wire``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from aiohttp import web
@@ -38,6 +39,7 @@ def rpc(req: S3Request) -> StorageServerClient:
 
 
 RPC_KEY = web.AppKey("storage_rpc", StorageServerClient)
+log = logging.getLogger(__name__)
 
 
 async def kv_lookup(req: S3Request) -> web.Response:
@@ -70,8 +72,13 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
             "x-oc-gateway-s": f"{time.perf_counter() - started:.6f}",
         })
         await resp.prepare(req.http)
-        await _relay_frames(reader, resp)
-        await resp.write_eof()
+        try:
+            await _relay_frames(reader, resp)
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client left (or gave up on) the stream: an ordinary event, not a server error.
+            # Closing the RPC stream below stops the transfer in the storage server.
+            log.info("kv-get %s: client closed the stream before the transfer ended", req.request_id)
         return resp
     finally:
         writer.close()
