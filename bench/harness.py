@@ -127,6 +127,23 @@ def add_bench_parser(sub, name: str, help: str, run):
     return p
 
 
+def s3_client(endpoint: str, access_key: str, secret_key: str, connections: int = 16):
+    """An aiobotocore S3 client (path-style, ``connections`` pooled) for ``async with``."""
+    from aiobotocore.session import get_session
+    from botocore.config import Config as BotoConfig
+
+    return get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+        config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=connections))
+
+
+def print_targets(met: dict[str, bool]) -> None:
+    """The benchmark issue's targets this run covers, each marked met or MISSED."""
+    print()
+    for name, ok in met.items():
+        print(f"- {name}: {'met' if ok else 'MISSED'}")
+
+
 def print_table(headers: list[str], rows: list[list[object]]) -> None:
     """A Markdown table on stdout."""
     print("| " + " | ".join(headers) + " |")

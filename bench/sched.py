@@ -32,7 +32,7 @@ from client_sdk import ObjectCacheClient, chunk_keys
 from scheduler import POLICIES, TransferDemand, added_stall, allocate
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import BenchServer, add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
+from .harness import BenchServer, add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, start_server
 
 GBPS = 1e9 / 8
 CHUNK_TOKENS = 64
@@ -81,15 +81,18 @@ class Workload:
         self.keys: list[list[str]] = []
         self.windows = [per_layer_seconds(ctx, int(ctx * hit)) / compress for ctx, hit in self.requests]
 
-    async def store(self, c: ObjectCacheClient) -> None:
-        rng = np.random.default_rng(7)
+    async def store(self, c: ObjectCacheClient, stored: dict[tuple[int, float], list[str]]) -> None:
+        """Write each request's chunks, once across workloads (A and B share all four requests)."""
         for ctx, hit in self.requests:
-            n = int(ctx * hit) // CHUNK_TOKENS
-            keys = chunk_keys(rng.integers(0, 128_000, n * CHUNK_TOKENS), CHUNK_TOKENS, f"sched-{ctx}-{hit}")
-            for i in range(0, n, 512):
-                part = keys[i:i + 512]
-                await c.put_chunks(part, list(rng.integers(0, 256, (len(part), self.layout.chunk_bytes), dtype=np.uint8)), self.layout)
-            self.keys.append(keys)
+            if (ctx, hit) not in stored:
+                rng = np.random.default_rng([ctx, int(hit * 1000)])
+                n = int(ctx * hit) // CHUNK_TOKENS
+                keys = chunk_keys(rng.integers(0, 128_000, n * CHUNK_TOKENS), CHUNK_TOKENS, f"sched-{ctx}-{hit}")
+                for i in range(0, n, 512):
+                    part = keys[i:i + 512]
+                    await c.put_chunks(part, list(rng.integers(0, 256, (len(part), self.layout.chunk_bytes), dtype=np.uint8)), self.layout)
+                stored[(ctx, hit)] = keys
+            self.keys.append(stored[(ctx, hit)])
 
     def modelled_added_ttft(self, policy: str) -> list[float]:
         """Full-size seconds per request (the same at any scale) by the model."""
@@ -132,16 +135,16 @@ async def run_policy(srv: BenchServer, w: Workload, policy: str) -> tuple[BenchS
 
 
 async def run_workloads(args: argparse.Namespace) -> list[dict]:
-    names = ["A"] if args.quick else args.workloads
-    scale, compress = (64, 16) if args.quick else (args.scale, args.compress)
+    names, scale, compress = args.workloads, args.scale, args.compress
     srv = start_server()
     out = []
     try:
         async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-sched") as c:
             await c.ensure_bucket()
             workloads = [Workload(n, scale, compress) for n in names]
+            stored: dict[tuple[int, float], list[str]] = {}
             for w in workloads:
-                await w.store(c)
+                await w.store(c, stored)
         steps = [(w, p) for w in workloads for p in (UNCAPPED, *POLICIES)]
         runs: dict[tuple[str, str], dict] = {}
         for w, policy in progress(steps, desc="sched"):
@@ -194,12 +197,14 @@ def plot(result: dict, fig) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        args.workloads, args.scale, args.compress = ["A"], 64, 16
     n = 1000 if args.quick else 10_000
     alloc = time_allocation(n, 3 if args.quick else 20)
     print(f"Allocation of {n} demands (median ms):\n")
     print_table(["policy", "ms"], [[p, f"{ms:.2f}"] for p, ms in alloc.items()])
     workloads = asyncio.run(run_workloads(args))
-    scale, compress = (64, 16) if args.quick else (args.scale, args.compress)
+    scale, compress = args.scale, args.compress
     for w in workloads:
         reqs = ", ".join(f"{r['context'] // 1024}K@{r['hit']:.1%}" for r in w["requests"])
         uncapped = ", ".join(f"{r['ttft_s']:.3f}" for r in w["uncapped"]["requests"])
@@ -212,9 +217,7 @@ def run(args: argparse.Namespace) -> dict:
                       f"{v['modelled_equal_over_this']:.2f}", " / ".join(f"{a:.3f}" for a in v["pacing_accuracy"]),
                       "yes" if v["concurrent"] else f"no ({v['retried_rounds']} retries)"] for p, v in w["policies"].items()])
     met = targets(workloads)
-    print()
-    for name, ok in met.items():
-        print(f"- {name}: {'met' if ok else 'MISSED'}")
+    print_targets(met)
     result = {"benchmark": "sched", "quick": args.quick, "scale": scale, "compress": compress, "allocation_ms": alloc,
               "allocation_demands": n, "workloads": workloads, "targets": met}
     return finish(args, result, plot)

@@ -20,12 +20,10 @@ import os
 import time
 
 import numpy as np
-from aiobotocore.session import get_session
-from botocore.config import Config as BotoConfig
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
+from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
 G_VALUES = [16, 64, 256]
@@ -135,24 +133,22 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
     if args.only:
         g, ctx, hit = args.only.split(":")
         cases = [(int(g), int(ctx), float(hit))]
-    scale = 16 if args.quick else args.scale
     try:
         async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-transfer") as c:
             await c.ensure_bucket()
-            session = get_session()
-            async with session.create_client("s3", endpoint_url=srv.endpoint, region_name="us-east-1", aws_access_key_id=srv.access_key,
-                                             aws_secret_access_key=srv.secret_key,
-                                             config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=16)) as s3:
+            async with s3_client(srv.endpoint, srv.access_key, srv.secret_key) as s3:
                 for g, ctx, hit in progress(cases, desc="transfer"):
-                    rows.append(await run_case(c, s3, g, ctx, hit, scale, args.cold))
+                    rows.append(await run_case(c, s3, g, ctx, hit, args.scale, args.cold))
     finally:
         srv.stop()
     return rows
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        args.scale = 16
     rows = asyncio.run(run_all(args))
-    scale = 16 if args.quick else args.scale
+    scale = args.scale
     cache = "page cache dropped before every timed run" if args.cold else "warm page cache"
     print(f"\nBytes per token ÷{scale}; {cache}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
     print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
@@ -160,9 +156,7 @@ def run(args: argparse.Namespace) -> dict:
                  for r in rows for p, v in r["paths"].items()])
     result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rows": rows,
               "targets": {} if args.cold else targets(rows)}
-    print()
-    for name, ok in result["targets"].items():
-        print(f"- {name}: {'met' if ok else 'MISSED'}")
+    print_targets(result["targets"])
     return finish(args, result, plot)
 
 

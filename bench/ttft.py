@@ -26,13 +26,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
-from aiobotocore.session import get_session
-from botocore.config import Config as BotoConfig
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
+from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .transfer import s3_cw
 
 PATHS = ("opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW")
@@ -173,23 +171,19 @@ async def measure(case: Case, repeats: int) -> dict[str, float]:
 
 
 async def run_all(args: argparse.Namespace) -> list[dict]:
-    scale = 64 if args.quick else args.scale
+    scale, repeats = args.scale, args.repeats
     gs = (64,) if args.quick else G_VALUES
     contexts = (4096,) if args.quick else CONTEXTS
     if args.only:
         g, ctx = (int(v) for v in args.only.split(":"))
         gs, contexts = (g,), (ctx,)
-    repeats = 1 if args.quick else args.repeats
     srv = start_server()
     gpu = ModelledGPU()
     rows: list[dict] = []
     try:
         async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-ttft") as c:
             await c.ensure_bucket()
-            async with get_session().create_client(
-                    "s3", endpoint_url=srv.endpoint, region_name="us-east-1", aws_access_key_id=srv.access_key,
-                    aws_secret_access_key=srv.secret_key,
-                    config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=16)) as s3:
+            async with s3_client(srv.endpoint, srv.access_key, srv.secret_key) as s3:
                 cases = [(g, ctx) for g in gs for ctx in contexts]
                 for g, ctx in progress(cases, desc="ttft"):
                     layout = llama_layout(g, scale)
@@ -248,17 +242,16 @@ def plot(result: dict, fig) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.compute == "torch":
         require_torch_gpu()
+    if args.quick:
+        args.scale, args.repeats = 64, 1
     rows = asyncio.run(run_all(args))
-    scale = 64 if args.quick else args.scale
-    print(f"\nTTFT per path; bytes per token and compute ÷{scale}; compute model: {args.compute}; best of "
-          f"{1 if args.quick else args.repeats}.\n")
+    scale = args.scale
+    print(f"\nTTFT per path; bytes per token and compute ÷{scale}; compute model: {args.compute}; best of {args.repeats}.\n")
     print_table(["G", "context", "hit", "compute/layer ms", *(f"{p} s (overhead)" for p in PATHS)],
                 [[r["chunk_tokens"], r["context"], r["hit"], f"{r['compute_per_layer_s'] * 1000:.2f}",
                   *(f"{v['ttft_s']:.3f} ({v['overhead_vs_opt_local_lw']:+.1%})" for v in r["paths"].values())] for r in rows])
     met = targets(rows)
-    print()
-    for name, ok in met.items():
-        print(f"- {name}: {'met' if ok else 'MISSED'}")
+    print_targets(met)
     result = {"benchmark": "ttft", "quick": args.quick, "scale": scale, "compute": args.compute, "rows": rows, "targets": met}
     return finish(args, result, plot)
 
