@@ -8,6 +8,7 @@ frame-stream responses are not part of the S3 API model.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -132,23 +133,30 @@ class LayerStream:
 
 
 class ObjectCacheClient:
-    """Async client. Use as ``async with ObjectCacheClient(...) as c:``."""
+    """Async client. Use as ``async with ObjectCacheClient(...) as c:``.
+
+    ``read_timeout`` bounds the silence between two reads of a response (a
+    stalled server), not a whole transfer: a paced kv-get stream may rightly
+    run for minutes. Exceeding it raises ``RequestTimeout``.
+    """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, read_timeout: float = 120.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.bucket = bucket
         self.region = region
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout)
         self._http: aiohttp.ClientSession | None = None
         self._s3_ctx = None
         self.s3: Any = None  # aiobotocore S3 client for plain S3 calls
         self._regions = RegionPool(self._register_region)
 
     async def __aenter__(self) -> "ObjectCacheClient":
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False)
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False,
+                                           timeout=self._timeout)
         session = get_session()
         self._s3_ctx = session.create_client(
             "s3", endpoint_url=self.endpoint, region_name=self.region,
@@ -199,7 +207,10 @@ class ObjectCacheClient:
         else:
             headers = self._signed_headers("POST", url, payload_hash or hashlib.sha256(body).hexdigest(), extra_headers or {})
             data = body
-        resp = await self._http.post(url, data=data, headers=headers)
+        try:
+            resp = await self._http.post(url, data=data, headers=headers)
+        except asyncio.TimeoutError:
+            raise S3Error(ErrorCode.RequestTimeout, f"no response to ?{op} within {self._timeout.sock_read:.0f} s (read_timeout)") from None
         if resp.status != 200:
             text = await resp.read()
             resp.release()
@@ -269,8 +280,9 @@ class ObjectCacheClient:
         buffer of at least ``N·L·S`` bytes to fill instead of a new one.
         ``verify`` checks each layer's CRC32C; by default it does over ``http``
         (the bytes crossed sockets) and not over ``shm``, where the server
-        computed the CRC from the very pages this process reads, so a check
-        could only repeat the same sum.
+        writes the very pages this process reads. When not verifying, the
+        descriptor tells the server not to compute the CRCs at all: a pass
+        over every byte that nobody would read.
         """
         keys = list(keys)
         if not keys:
@@ -281,6 +293,7 @@ class ObjectCacheClient:
             (float(compute_window),) if isinstance(compute_window, (int, float)) else tuple(float(w) for w in compute_window))
         mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
         region: RegisteredRegion | None = None
+        check = kind != Transport.SHM if verify is None else verify
         started = time.perf_counter()
         resp = None
         try:
@@ -294,7 +307,8 @@ class ObjectCacheClient:
                     dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
                     if dest.nbytes < payload_bytes:
                         raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
-                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v)
+                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v,
+                                        layer_checksums=check)
                 try:
                     resp = await self._post(f"/{self.bucket}", "kv-get", encode_descriptor(descriptor), stream=True)
                     break
@@ -304,7 +318,6 @@ class ObjectCacheClient:
                     # The storage server restarted and forgot our region: register afresh, retry once.
                     self._regions.forget(region)
                     region = None
-            check = kind != Transport.SHM if verify is None else verify
             stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.

@@ -4,8 +4,9 @@ Layerwise, for ℓ = 0..L-1: the slice ``[ℓS, (ℓ+1)S)`` of every chunk is re
 with ``preadv`` straight into the layer's destination (chunk j at ``j·S``) by a
 bounded thread pool (each task reads a contiguous run of chunks, so Python
 overhead is per run, not per slice, and the GIL is released during reads);
-the layer's CRC32C is computed off the event loop and, like the delivery of
-layer ℓ, overlaps the reads of layer ℓ+1; layers are delivered strictly in order.
+the layer's CRC32C (unless the descriptor waives it) is computed off the event
+loop and, like the delivery of layer ℓ, overlaps the reads of layer ℓ+1; layers
+are delivered strictly in order.
 
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
 iovecs land its L slices at their layer-major places; all notifications come
@@ -158,7 +159,8 @@ class Executor:
             dest = transport.payload_buffer()
             t0 = time.perf_counter()
             await self._read_runs(_read_whole_chunks, plan, len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
-            crcs = await loop.run_in_executor(self.pool, _crc_layers, dest, d.layer_bytes, d.num_layers)
+            crcs = (await loop.run_in_executor(self.pool, _crc_layers, dest, d.layer_bytes, d.num_layers)
+                    if d.layer_checksums else [0] * d.num_layers)
             t1 = time.perf_counter()
             await transport.deliver_payload(dest, crcs)
             read_s, deliver_s = t1 - t0, time.perf_counter() - t1
@@ -168,7 +170,7 @@ class Executor:
 
             async def deliver(layer: int, data: memoryview, previous: asyncio.Task | None) -> None:
                 # The CRC runs while the next layer is being read.
-                crc = await loop.run_in_executor(self.pool, crc32c, data)
+                crc = await loop.run_in_executor(self.pool, crc32c, data) if d.layer_checksums else 0
                 if previous is not None:
                     await previous  # strict layer order
                 t = time.perf_counter()

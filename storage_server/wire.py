@@ -23,7 +23,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 
 from .errors import ErrorCode, S3Error
 
@@ -46,6 +46,15 @@ class Mode(IntEnum):
 
 class Delivery(IntEnum):
     LAYER_MAJOR = 0
+
+
+class DescriptorFlag(IntFlag):
+    """Bits of the descriptor's flags field; unknown bits are refused."""
+
+    NO_LAYER_CHECKSUMS = 1  # the client will not verify: LAYER frames carry checksum 0 and no CRC is computed
+
+
+_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS)  # a plain int: ~IntFlag only inverts the defined bits
 
 
 class Transport(IntEnum):
@@ -76,6 +85,7 @@ class Descriptor:
     mode: Mode = Mode.AUTO
     delivery: Delivery = Delivery.LAYER_MAJOR
     version: int = DESCRIPTOR_VERSION
+    layer_checksums: bool = True  # CRC32C of each layer in its LAYER frame (costs a pass over the bytes)
 
     @property
     def payload_bytes(self) -> int:
@@ -167,7 +177,7 @@ def encode_descriptor(d: Descriptor) -> bytes:
         DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
         d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
         d.target.region_id, d.target.token, d.target.offset, d.target.length,
-        len(d.compute_window), len(p), 0,
+        len(d.compute_window), len(p), 0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS,
     )
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
     return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
@@ -179,7 +189,7 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if len(buf) < _DESC_HEAD.size:
         raise _bad("descriptor", f"{len(buf)} bytes is shorter than the {_DESC_HEAD.size}-byte header")
     (magic, version, mode, delivery, transport, layers, tokens, s, count, region, token, offset, length,
-     n_window, prefix_len, _flags) = _DESC_HEAD.unpack_from(buf)
+     n_window, prefix_len, flags) = _DESC_HEAD.unpack_from(buf)
     if magic != DESCRIPTOR_MAGIC:
         raise _bad("descriptor", "not an ObjectCache descriptor (bad magic)")
     if version != DESCRIPTOR_VERSION:
@@ -189,6 +199,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     except ValueError as e:
         name = "mode" if mode not in Mode._value2member_map_ else "delivery" if delivery not in Delivery._value2member_map_ else "target.transport"
         raise _bad(name, str(e)) from None
+    if flags & ~_KNOWN_FLAGS:
+        raise _bad("flags", f"unknown flag bits {flags:#06x}")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -219,7 +231,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     target = Target(transport_v, bytes(region), bytes(token), offset, length)
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
-    return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version)
+    return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS)
 
 
 # --- put batches ------------------------------------------------------------------
@@ -271,7 +284,7 @@ def decode_put_batch(data: bytes) -> list[tuple[str, memoryview]]:
 
 class FrameType(IntEnum):
     DATA = 1  # payload bytes for [offset, offset+length) of the destination (http transport)
-    LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C
+    LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C (0 if the descriptor waived it)
     END = 3  # payload: JSON statistics
     ERROR = 4  # payload: JSON S3 error
 

@@ -6,9 +6,12 @@ import asyncio
 
 import numpy as np
 import pytest
+from awscrt.checksums import crc32c
 
 from client_sdk import KVLayout, ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+from rawhttp import signed
+from storage_server.wire import FRAME_SIZE, Descriptor, FrameType, Mode, Target, Transport, encode_descriptor, unpack_frame
 
 G_VALUES = [16, 64, 256]
 N_MAX = 3584  # a 64K-token prefix at G=16
@@ -51,7 +54,7 @@ def test_fetch_equals_reference_assembly(server, tenants, stored, transport, g, 
                     assert np.array_equal(np.frombuffer(view, np.uint8), expected[idx]), f"layer {idx}"
                     seen.append(idx)
                 assert layers.stats.transport == transport
-                # CRC32C is checked where bytes crossed sockets, not over shm (the server summed these very pages).
+                # CRC32C is checked where bytes crossed sockets, not over shm (the server wrote these very pages).
                 assert layers.verify == (transport == "http")
             assert seen == list(range(layout.num_layers))
 
@@ -229,3 +232,46 @@ def test_http_layer_buffers_are_not_reused_before_their_bytes_are_sent(server, t
                     assert bad == [], f"fetch {attempt}: layers {bad} differ"
 
     run(fetch_repeatedly())
+
+
+@pytest.mark.parametrize("mode", [Mode.CHUNKWISE, Mode.LAYERWISE])
+def test_layer_frames_carry_crc32c_unless_the_descriptor_waives_it(server, tenants, stored, mode):
+    """Each LAYER frame holds its layer's CRC32C; a client that will not verify waives it and gets 0."""
+    bucket, data = stored
+    layout, keys, chunks = data[16]
+    n = 40
+    expected = reference(layout, chunks[:n])
+
+    def layer_checksums(wanted: bool) -> list[int]:
+        d = Descriptor(keys[:n], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
+                       Target(Transport.HTTP, length=layout.payload_bytes(n)), mode=mode, layer_checksums=wanted)
+        r = signed(server.endpoint, tenants["alice"], "POST", f"/{bucket}?kv-get", body=encode_descriptor(d))
+        assert r.status == 200
+        sums, pos = {}, 0
+        while pos < len(r.body):
+            frame = unpack_frame(r.body[pos : pos + FRAME_SIZE])
+            pos += FRAME_SIZE + (frame.length if frame.has_payload else 0)
+            if frame.type == FrameType.LAYER:
+                sums[frame.layer] = frame.checksum
+        return [sums[i] for i in range(layout.num_layers)]
+
+    assert layer_checksums(True) == [crc32c(expected[i].tobytes()) for i in range(layout.num_layers)]
+    assert layer_checksums(False) == [0] * layout.num_layers
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_verify_overrides_the_transport_default(server, tenants, stored, transport):
+    """verify=True over shm asks the server for CRCs and checks them; verify=False over http waives them."""
+    bucket, data = stored
+    layout, keys, chunks = data[64]
+    expected = reference(layout, chunks[:100])
+    verify = transport == "shm"
+
+    async def fetch():
+        async with client(server, tenants["alice"], bucket) as c:
+            async with c.fetch_layers(keys[:100], layout, transport, verify=verify) as layers:
+                async for idx, view in layers:
+                    assert np.array_equal(np.frombuffer(view, np.uint8), expected[idx])
+                assert layers.verify is verify
+
+    run(fetch())

@@ -16,6 +16,7 @@ from rawhttp import signed
 from storage_server.wire import Descriptor, Target, Transport, encode_descriptor
 
 LAYOUT = tiny_layout(16, num_layers=4)
+DESCRIPTOR_FLAGS_AT = 82  # the fixed header's last field (uint16 at bytes 82..83)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,14 @@ def test_unknown_version(server, tenants, kv_bucket):
     r, doc = kv_get(server, tenants["alice"], bucket, bytes(body))
     assert r.status == 400 and doc.findtext("Code") == "KVUnsupportedVersion"
     assert doc.findtext("Field") == "version" and "9" in doc.findtext("Message")
+
+
+def test_unknown_descriptor_flags_are_refused(server, tenants, kv_bucket):
+    bucket, keys = kv_bucket
+    body = bytearray(encode_descriptor(descriptor(keys[:2])))
+    struct.pack_into("<H", body, DESCRIPTOR_FLAGS_AT, 0x8000)
+    r, doc = kv_get(server, tenants["alice"], bucket, bytes(body))
+    assert r.status == 400 and doc.findtext("Code") == "KVInvalidDescriptor" and doc.findtext("Field") == "flags"
 
 
 def test_missing_chunk_names_the_first_missing_key(server, tenants, kv_bucket):

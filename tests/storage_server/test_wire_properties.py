@@ -41,7 +41,8 @@ def descriptors(draw) -> Descriptor:
         draw(st.integers(0, 1 << 40)),
         payload + draw(st.integers(0, 1000)),
     )
-    return Descriptor(keys, layers, draw(st.integers(1, 1024)), s, target, window, draw(st.sampled_from(list(Mode))))
+    return Descriptor(keys, layers, draw(st.integers(1, 1024)), s, target, window, draw(st.sampled_from(list(Mode))),
+                      layer_checksums=draw(st.booleans()))
 
 
 @given(descriptors())
