@@ -6,9 +6,10 @@ destination (one copy, no reassembly); LAYER frames become layer-ready events.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from aiohttp import StreamReader
+from aiohttp import ClientPayloadError, StreamReader
 
 from storage_server.errors import ErrorCode, S3Error
 from storage_server.wire import FRAME_SIZE, Frame, unpack_frame
@@ -23,7 +24,12 @@ class FrameStream:
         if self._pending:
             piece, self._pending = self._pending, memoryview(b"")
             return piece
-        data = await self._content.readany()
+        try:
+            data = await self._content.readany()
+        except asyncio.TimeoutError:
+            raise S3Error(ErrorCode.RequestTimeout, "the KV stream sent nothing within the client's read_timeout") from None
+        except ClientPayloadError:  # the HTTP body was cut short
+            data = b""
         if not data:
             raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended in the middle of a frame (the gateway or storage server went away).")
         return memoryview(data)

@@ -59,6 +59,7 @@ class ErrorCode(Enum):
     NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
     NotModified = (304, "Not Modified")
     PreconditionFailed = (412, "At least one of the pre-conditions you specified did not hold")
+    RequestTimeout = (400, "Your socket connection to the server was not read from or written to within the timeout period.")
     RequestTimeTooSkewed = (403, "The difference between the request time and the server's time is too large.")
     ServiceUnavailable = (503, "Please reduce your request rate.")
     SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from client_sdk import ObjectCacheClient, ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 
 
@@ -45,5 +46,33 @@ def test_leaving_early_frees_everything(server, tenants, s3, transport):
             payload, _ = await c.fetch(keys[:10], layout, transport)
             assert payload.shape == (layout.num_layers, 10 * layout.per_layer_chunk_bytes)
         rpc(server.rpc_socket, "test-release")
+
+    run(scenario())
+
+
+def test_a_stalled_stream_times_out_with_a_clear_error(server, tenants, s3):
+    """read_timeout bounds silence, not transfer length: a server paused mid-stream raises RequestTimeout."""
+    bucket = "kv-stall"
+    s3.create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 50, "stall")
+    t = tenants["alice"]
+
+    async def scenario():
+        async with ObjectCacheClient(server.endpoint, t.access_key, t.secret_key, bucket=bucket, read_timeout=1.0) as c:
+            await c.put_chunks(keys, make_chunks(layout, 50, seed=6), layout)
+            assert rpc(server.rpc_socket, "test-hold", before_layer=2)["ok"]
+            seen = []
+            try:
+                with pytest.raises(ObjectCacheError) as e:
+                    async with c.fetch_layers(keys, layout, transport="http", mode="layerwise") as layers:
+                        async for idx, _ in layers:
+                            seen.append(idx)
+            finally:
+                rpc(server.rpc_socket, "test-release")
+            assert e.value.code.name == "RequestTimeout" and "read_timeout" in e.value.message
+            assert seen == [0, 1]
+            payload, _ = await c.fetch(keys, layout, "http")  # the client is still usable
+            assert payload.shape == (layout.num_layers, 50 * layout.per_layer_chunk_bytes)
 
     run(scenario())
