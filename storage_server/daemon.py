@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool
 from .executor import ChunkPlan, Executor, Pacer, choose_mode, open_chunks
+from .open_files import OpenFileCache
 from .regions import RegionRegistry
 from .transports import FrameSink, HttpTransport, ShmTransport, Transport
 from .transports.rdma import open_rdma_transport
@@ -83,6 +85,8 @@ class StorageServer:
         ss = config.storage_server
         self.executor = Executor(ss.io_threads or os.cpu_count() or 2, ss.theta_bytes)
         self.regions = RegionRegistry()
+        self.open_files = OpenFileCache(min(ss.open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
+        self._sweeper: asyncio.Task | None = None
         self.gate = TestGate() if ss.test_hooks else None
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -136,6 +140,7 @@ class StorageServer:
             writer.close()
 
     async def start(self) -> asyncio.AbstractServer:
+        self._sweeper = asyncio.ensure_future(self.sweep_open_files())
         if self.config.storage_server.tcp:
             host, _, port = self.config.storage_server.tcp.rpartition(":")
             return await asyncio.start_server(self._serve_connection, host, int(port), limit=MAX_REQUEST_LINE)
@@ -147,9 +152,21 @@ class StorageServer:
         os.chmod(path, 0o600)
         return server
 
+    async def sweep_open_files(self) -> None:
+        """Close cached fds of deleted or replaced objects, so their disk space is freed within a period."""
+        period = self.config.storage_server.open_files_sweep_s
+        while True:
+            await asyncio.sleep(period)
+            closed = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.open_files.sweep)
+            if closed:
+                log.debug("closed %d cached fds of unlinked object files", closed)
+
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self.executor.close()
         self.regions.close()
+        self.open_files.close()
 
 
 async def _ping(server: StorageServer, call: RpcCall) -> Reply:
@@ -166,6 +183,7 @@ async def _status(server: StorageServer, call: RpcCall) -> Reply:
         "transfers_completed": server.completed,
         "bytes_delivered": server.bytes_delivered,
         "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
+        "open_file_cache": server.open_files.status(),
         "bandwidth": server.pool.status() if server.pool is not None else {"enabled": False},
     }
 
@@ -190,8 +208,8 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
     plan = None
     try:
         locations = await server.backend.locate(bucket, d.chunk_keys)
-        fds = await asyncio.get_running_loop().run_in_executor(server.executor.pool, open_chunks, locations, d)
-        plan = ChunkPlan(d, fds, mode)
+        fds = await asyncio.get_running_loop().run_in_executor(server.executor.pool, open_chunks, locations, d, server.open_files)
+        plan = ChunkPlan(d, fds, mode, [loc[0] for loc in locations], server.open_files)  # type: ignore[index]
         # Validation passed: nothing can fail for the client's input from here on.
         writer.write(json.dumps({"ok": True, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes, "num_layers": d.num_layers}).encode() + b"\n")
         server.active[request_id] = {"request_id": request_id, "tenant": tenant, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes}

@@ -25,6 +25,7 @@ from typing import Protocol
 from awscrt.checksums import crc32c
 
 from .errors import ErrorCode, S3Error
+from .open_files import MissingFile, OpenFileCache
 from .transports import Transport
 from .wire import Descriptor, Mode, TransferStats
 
@@ -41,16 +42,18 @@ class Pacer(Protocol):
 
 @dataclass
 class ChunkPlan:
-    """A validated descriptor with its chunk files open."""
+    """A validated descriptor with its chunk files open (held in the open-file cache until ``close``)."""
 
     descriptor: Descriptor
     fds: list[int]
     mode: Mode
+    paths: list[str]
+    files: OpenFileCache
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        if self.fds:
+            self.fds = []
+            self.files.release(self.paths)
 
 
 def choose_mode(d: Descriptor, theta_bytes: int) -> Mode:
@@ -60,8 +63,8 @@ def choose_mode(d: Descriptor, theta_bytes: int) -> Mode:
     return Mode.CHUNKWISE if d.payload_bytes < theta_bytes else Mode.LAYERWISE
 
 
-def open_chunks(locations: list[tuple[str, int] | None], d: Descriptor) -> list[int]:
-    """Check every chunk exists and has size L·S, then open them all (or none)."""
+def open_chunks(locations: list[tuple[str, int] | None], d: Descriptor, files: OpenFileCache) -> list[int]:
+    """Check every chunk exists and has size L·S, then open them all (or none); ``ChunkPlan.close`` releases them."""
     expected = d.chunk_object_bytes
     for key, loc in zip(d.chunk_keys, locations):
         if loc is None:
@@ -72,18 +75,11 @@ def open_chunks(locations: list[tuple[str, int] | None], d: Descriptor) -> list[
                 f"chunk {key!r} is {loc[1]} bytes, expected num_layers*per_layer_chunk_bytes = {expected}",
                 extra={"Key": key, "ActualSize": str(loc[1]), "ExpectedSize": str(expected)},
             )
-    fds: list[int] = []
     try:
-        for key, loc in zip(d.chunk_keys, locations):
-            try:
-                fds.append(os.open(loc[0], os.O_RDONLY))  # type: ignore[index]
-            except FileNotFoundError:
-                raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds
+        return files.acquire([loc[0] for loc in locations])  # type: ignore[index]
+    except MissingFile as e:
+        key = d.chunk_keys[e.index]
+        raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
 
 
 def _read_run(fds: list[int], first: int, last: int, file_offset: int, size: int, dest: memoryview) -> None:

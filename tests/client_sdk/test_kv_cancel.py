@@ -11,6 +11,11 @@ from client_sdk import ObjectCacheClient, ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 
 
+def uncached_fds(status: dict) -> int:
+    """Open fds other than the chunk files the open-file cache keeps between transfers."""
+    return status["open_fds"] - status["open_file_cache"]["files"]
+
+
 @pytest.mark.parametrize("transport", ["shm", "http"])
 def test_leaving_early_frees_everything(server, tenants, s3, transport):
     bucket = f"kv-cancel-{transport}"
@@ -23,7 +28,8 @@ def test_leaving_early_frees_everything(server, tenants, s3, transport):
         deadline = time.monotonic() + 15
         while True:
             now = rpc(server.rpc_socket, "status")
-            if (not now["transfers_active"] and now["open_fds"] <= before["open_fds"]) or time.monotonic() > deadline:
+            settled = not now["transfers_active"] and not now["open_file_cache"]["in_use"]
+            if (settled and uncached_fds(now) <= uncached_fds(before)) or time.monotonic() > deadline:
                 return now
             await asyncio.sleep(0.05)
 
@@ -37,11 +43,12 @@ def test_leaving_early_frees_everything(server, tenants, s3, transport):
                 async for idx, _ in layers:
                     assert rpc(server.rpc_socket, "test-wait-held")["held"]
                     during = rpc(server.rpc_socket, "status")
-                    assert len(during["transfers_active"]) == 1 and during["open_fds"] >= before["open_fds"] + 500
+                    assert len(during["transfers_active"]) == 1 and during["open_file_cache"]["in_use"] == 500
                     break  # walk away while the server is paused before layer 3
             after = await settled(before)
             assert after["transfers_active"] == [], "transfer still running after the client left"
-            assert after["open_fds"] <= before["open_fds"], "chunk files left open"
+            assert after["open_file_cache"]["in_use"] == 0, "chunk files still held by the abandoned transfer"
+            assert uncached_fds(after) <= uncached_fds(before), "fds leaked"
             # The region is free again: this fetch reuses it and the client can unregister it.
             payload, _ = await c.fetch(keys[:10], layout, transport)
             assert payload.shape == (layout.num_layers, 10 * layout.per_layer_chunk_bytes)

@@ -275,3 +275,28 @@ def test_verify_overrides_the_transport_default(server, tenants, stored, transpo
                 assert layers.verify is verify
 
     run(fetch())
+
+
+def test_a_deleted_or_replaced_chunk_is_never_served_from_a_cached_file(server, tenants, s3):
+    """The storage server keeps chunk files open between fetches; deletes and re-puts still win."""
+    bucket = "kv-replaced"
+    s3.create_bucket(Bucket=bucket)
+    layout = tiny_layout(16, num_layers=4)
+    keys = keys_for(layout, 8, "replaced")
+    old, new = make_chunks(layout, 8, seed=1), make_chunks(layout, 8, seed=2)
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, old, layout)
+            payload, _ = await c.fetch(keys, layout, "http")
+            assert np.array_equal(payload, reference(layout, old))
+            s3.delete_object(Bucket=bucket, Key=keys[3])
+            with pytest.raises(ObjectCacheError) as e:
+                await c.fetch(keys, layout, "http")
+            assert e.value.code.name == "NoSuchKey" and keys[3] in e.value.message
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+            await c.put_chunks(keys, new, layout)
+            payload, _ = await c.fetch(keys, layout, "http")
+            assert np.array_equal(payload, reference(layout, new))
+
+    run(scenario())

@@ -1,0 +1,98 @@
+"""The open-file cache: chunk files stay open between transfers, never closed under a running one."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
+from storage_server.open_files import MissingFile, OpenFileCache
+from support import ServerProcess, boto_client, make_tenants, write_config
+
+
+@pytest.fixture
+def files(tmp_path):
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"obj{i}"
+        p.write_bytes(bytes([i]) * 8)
+        paths.append(str(p))
+    return paths
+
+
+def test_a_second_transfer_reuses_the_open_fds(files):
+    cache = OpenFileCache(16)
+    first = cache.acquire(files[:3])
+    cache.release(files[:3])
+    assert cache.acquire(files[:3]) == first
+    assert [os.pread(fd, 1, 0) for fd in first] == [b"\x00", b"\x01", b"\x02"]
+    assert cache.status() | {"capacity": 16} == {"files": 3, "in_use": 3, "capacity": 16, "hits": 3, "misses": 3}
+    cache.close()
+
+
+def test_idle_files_beyond_capacity_are_closed_oldest_first_but_never_in_use_ones(files):
+    cache = OpenFileCache(2)
+    busy = cache.acquire(files[:3])  # over capacity, but all three are in use
+    assert cache.status()["files"] == 3
+    cache.release(files[:1])  # obj0 is idle and the oldest: closed
+    assert cache.status()["files"] == 2
+    assert all(os.pread(fd, 1, 0) for fd in busy[1:])  # still open and readable
+    with pytest.raises(OSError):
+        os.fstat(busy[0])
+    cache.release(files[1:3])
+    cache.close()
+
+
+def test_a_missing_file_names_its_index_and_holds_nothing(files, tmp_path):
+    cache = OpenFileCache(16)
+    wanted = files[:2] + [str(tmp_path / "gone")] + files[2:3]
+    with pytest.raises(MissingFile) as e:
+        cache.acquire(wanted)
+    assert e.value.index == 2
+    assert cache.status()["in_use"] == 0
+    cache.close()
+
+
+def test_sweep_closes_idle_fds_of_unlinked_files_only(files):
+    cache = OpenFileCache(16)
+    cache.acquire(files[:3])
+    cache.release(files[:2])  # obj0 and obj1 idle, obj2 in use
+    os.unlink(files[0])
+    os.unlink(files[2])
+    assert cache.sweep() == 1  # obj0: idle and unlinked; obj1 is still linked, obj2 still in use
+    assert cache.status()["files"] == 2
+    cache.release(files[2:3])
+    assert cache.sweep() == 1
+    assert cache.status()["files"] == 1
+    cache.close()
+
+
+def test_the_daemon_frees_deleted_chunks_held_open_within_a_sweep_period(tmp_path):
+    """Deleting through the gateway (another process) frees the disk space of a cached chunk file."""
+    tenant = make_tenants("t")[0]
+    sock = tmp_path / "ss.sock"
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
+                          extra=f'\n[storage_server]\nsocket = "{sock}"\nopen_files_sweep_s = 0.2\n')
+    proc = ServerProcess(config).start()
+    try:
+        s3 = boto_client(proc.endpoint, tenant)
+        s3.create_bucket(Bucket="sweep")
+        layout = tiny_layout(16, num_layers=4)
+        keys = keys_for(layout, 10, "sweep")
+
+        async def fetch_then_delete():
+            async with client(proc, tenant, "sweep") as c:
+                await c.put_chunks(keys, make_chunks(layout, 10, seed=1), layout)
+                await c.fetch(keys, layout, "http")
+
+        run(fetch_then_delete())
+        assert rpc(str(sock), "status")["open_file_cache"]["files"] == 10
+        s3.delete_objects(Bucket="sweep", Delete={"Objects": [{"Key": k} for k in keys[:4]]})
+        deadline = time.monotonic() + 10
+        while rpc(str(sock), "status")["open_file_cache"]["files"] != 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rpc(str(sock), "status")["open_file_cache"]["files"] == 6
+    finally:
+        proc.stop()
