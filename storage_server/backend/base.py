@@ -40,6 +40,9 @@ class ObjectMeta:
     part_sizes: tuple[int, ...] = ()  # non-empty for multipart objects
     storage_class: str = "STANDARD"
     owner: str = ""
+    # The backend's handle on exactly this version's bytes (local disk: its file), so a
+    # reader never pairs this metadata with a newer version's bytes.
+    locator: str = field(default="", compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,24 @@ class ByteRange:
 BodyStream = AsyncIterator[bytes]
 
 
+class ObjectReader(abc.ABC):
+    """One version of an object, open for reading: ``meta`` and the bytes always belong together.
+
+    ``head`` holds the first bytes, read together with the metadata, so a small
+    object needs no further I/O. Always ``close()`` it.
+    """
+
+    meta: ObjectMeta
+    head: bytes
+
+    @abc.abstractmethod
+    def stream(self, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> BodyStream:
+        """The bytes of ``rng`` (the whole object by default)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
@@ -134,8 +155,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
     @abc.abstractmethod
-    def read_object(self, meta: ObjectMeta, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> BodyStream:
-        """Stream the bytes of the object version described by ``meta``."""
+    async def open_object(self, bucket: str, key: str, prefetch: int = 0) -> ObjectReader:
+        """The current version, open, with up to ``prefetch`` leading bytes already read (NoSuchKey if none)."""
     @abc.abstractmethod
     async def delete_object(self, bucket: str, key: str) -> None: ...
     async def delete_many(self, bucket: str, keys: list[str]) -> None:

@@ -44,6 +44,7 @@ from .base import (
     ByteRange,
     ListPage,
     ObjectMeta,
+    ObjectReader,
     PartInfo,
     PutSpec,
     UploadInfo,
@@ -205,6 +206,7 @@ class LocalDiskBackend(Backend):
             checksums=json.loads(r[8]),
             part_sizes=tuple(json.loads(r[9])),
             owner=r[11],
+            locator=r[10],
         )
 
     def _object_path(self, db: sqlite3.Connection, bucket: str, key: str) -> str | None:
@@ -429,32 +431,40 @@ class LocalDiskBackend(Backend):
     async def head_object(self, bucket: str, key: str) -> ObjectMeta:
         return await self._run(self.head_object_sync, bucket, key)
 
-    def open_object(self, meta: ObjectMeta) -> int:
-        """Open the file holding ``meta``'s bytes (a file descriptor), or NoSuchKey.
+    def _open_current(self, bucket: str, key: str, prefetch: int) -> tuple[ObjectMeta, int, bytes]:
+        """The key's metadata, an fd of exactly those bytes and its first ``prefetch`` bytes.
 
-        Opened by path looked up again so a concurrent overwrite is either
-        fully before or fully after; POSIX keeps an open file readable after
-        its row is replaced and the path unlinked.
+        A concurrent overwrite or delete may unlink the file between the SELECT
+        and the open; then the row is read again, so the pair is always one version.
         """
-        path = self._object_path(self._db, meta.bucket, meta.key)
-        if path is None:
-            raise S3Error(ErrorCode.NoSuchKey, resource=f"/{meta.bucket}/{meta.key}", extra={"Key": meta.key})
-        return os.open(path, os.O_RDONLY)
+        db = self._db
+        for _ in range(16):
+            row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
+            if row is None:
+                self._bucket_exists(db, bucket)
+                raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
+            try:
+                fd = os.open(row[10], os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                return self._row_to_meta(row), fd, os.pread(fd, min(prefetch, row[2]), 0) if prefetch else b""
+            except BaseException:
+                os.close(fd)
+                raise
+        raise S3Error(ErrorCode.ServiceUnavailable, f"Object {key!r} is being replaced too often to read; retry.", resource=f"/{bucket}/{key}")
 
-    async def read_object(self, meta: ObjectMeta, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        start, end = (rng.start, rng.end) if rng else (0, meta.size)
-        fd = await self._run(self.open_object, meta)
+    async def open_object(self, bucket: str, key: str, prefetch: int = 0) -> ObjectReader:
+        meta, fd, head = await self._run(self._open_current, bucket, key, prefetch)
+        return _FileReader(self, meta, fd, head)
+
+    def _open_version(self, meta: ObjectMeta) -> int:
+        """An fd of exactly ``meta``'s bytes (a copy source), or 503 if that version was replaced meanwhile."""
         try:
-            pos = start
-            while pos < end:
-                n = min(chunk_size, end - pos)
-                data = await self._run(os.pread, fd, n, pos)
-                if not data:
-                    raise S3Error(ErrorCode.InternalError, "object file shorter than its metadata")
-                pos += len(data)
-                yield data
-        finally:
-            os.close(fd)
+            return os.open(meta.locator, os.O_RDONLY)
+        except FileNotFoundError:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"Object {meta.key!r} was replaced or deleted while it was being copied; retry.",
+                          resource=f"/{meta.bucket}/{meta.key}") from None
 
     async def delete_object(self, bucket: str, key: str) -> None:
         def tx(db: sqlite3.Connection) -> str | None:
@@ -534,7 +544,7 @@ class LocalDiskBackend(Backend):
         try:
             with open(tmp, "wb") as out:
                 for src, rng in sources:
-                    fd = os.open(src, os.O_RDONLY) if isinstance(src, Path) else self.open_object(src)
+                    fd = os.open(src, os.O_RDONLY) if isinstance(src, Path) else self._open_version(src)
                     try:
                         size = os.fstat(fd).st_size
                         start, end = (rng.start, rng.end) if rng else (0, size)
@@ -807,3 +817,26 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int) -> None:
             n = os.write(dst_fd, data)
         offset += n
         count -= n
+
+
+class _FileReader(ObjectReader):
+    def __init__(self, backend: LocalDiskBackend, meta: ObjectMeta, fd: int, head: bytes) -> None:
+        self._backend, self.meta, self._fd, self.head = backend, meta, fd, head
+
+    async def stream(self, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        start, end = (rng.start, rng.end) if rng else (0, self.meta.size)
+        if start < end <= len(self.head):
+            yield self.head[start:end]
+            return
+        pos = start
+        while pos < end:
+            data = await self._backend._run(os.pread, self._fd, min(chunk_size, end - pos), pos)
+            if not data:
+                raise S3Error(ErrorCode.InternalError, "object file shorter than its metadata")
+            pos += len(data)
+            yield data
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -6,6 +6,7 @@ import base64
 import datetime
 import hashlib
 import os
+import threading
 
 import pytest
 from botocore.exceptions import ClientError
@@ -207,6 +208,32 @@ def test_overwrite_replaces(s3, bucket):
     s3.put_object(Bucket=bucket, Key="o", Body=b"second")
     got = s3.get_object(Bucket=bucket, Key="o")
     assert got["Body"].read() == b"second" and got["Metadata"] == {}
+
+
+@pytest.mark.parametrize("sizes", [(1000, 3000), (100_000, 300_000)], ids=["prefetched", "streamed"])
+def test_get_during_overwrites_returns_one_version_whole(s3, bucket, sizes):
+    """A GET racing overwrites answers with one version's headers and that version's bytes, never a mix."""
+    versions = {f'"{hashlib.md5(b).hexdigest()}"': b for b in (b"a" * sizes[0], b"b" * sizes[1])}
+    bodies = list(versions.values())
+    s3.put_object(Bucket=bucket, Key="racing", Body=bodies[0])
+    stop = threading.Event()
+
+    def overwrite() -> None:
+        i = 0
+        while not stop.is_set() and i < 2000:
+            i += 1
+            s3.put_object(Bucket=bucket, Key="racing", Body=bodies[i % 2])
+
+    writer = threading.Thread(target=overwrite)
+    writer.start()
+    try:
+        for _ in range(150):
+            got = s3.get_object(Bucket=bucket, Key="racing")
+            body = got["Body"].read()
+            assert versions.get(got["ETag"]) == body and got["ContentLength"] == len(body)
+    finally:
+        stop.set()
+        writer.join()
 
 
 def test_delete_objects(s3, bucket):

@@ -16,6 +16,7 @@ from ..context import S3Request
 from .common import empty, xml_response
 
 MAX_DELETE_KEYS = 1000
+GET_PREFETCH = 64 * 1024  # objects up to this size are answered from the metadata call's read
 
 
 def checksum_response_headers(checksums: dict[str, str], algorithms: tuple[str, ...]) -> dict[str, str]:
@@ -42,10 +43,8 @@ def _part_range(meta: ObjectMeta, part_number: int) -> ByteRange:
     return ByteRange(start, start + sizes[part_number - 1])
 
 
-async def _read_meta(req: S3Request) -> tuple[ObjectMeta, ByteRange | None, int, dict[str, str]]:
+def _response_plan(req: S3Request, meta: ObjectMeta) -> tuple[ByteRange | None, int, dict[str, str]]:
     """Shared by GET and HEAD: conditions, range/partNumber, headers."""
-    await req.owned_bucket()
-    meta = await req.backend.head_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
     h.check_conditions(req.headers, meta)
     headers = h.object_headers(meta, req.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED")
     part = req.query.get("partNumber")
@@ -69,23 +68,33 @@ async def _read_meta(req: S3Request) -> tuple[ObjectMeta, ByteRange | None, int,
     for param, header in h.RESPONSE_OVERRIDES.items():
         if param in req.query:
             headers[header] = req.query[param]
-    return meta, rng, status, headers
+    return rng, status, headers
 
 
 async def get_object(req: S3Request) -> web.StreamResponse:
-    meta, rng, status, headers = await _read_meta(req)
-    length = rng.length if rng else meta.size
-    resp = web.StreamResponse(status=status, headers=headers)
-    resp.content_length = length
-    await resp.prepare(req.http)
-    async for chunk in req.backend.read_object(meta, rng):
-        await resp.write(chunk)
-    await resp.write_eof()
-    return resp
+    await req.owned_bucket()
+    # Metadata, the open file and a small object's bytes come in one backend call, all of one version.
+    reader = await req.backend.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH)  # type: ignore[arg-type]
+    try:
+        rng, status, headers = _response_plan(req, reader.meta)
+        start, end = (rng.start, rng.end) if rng else (0, reader.meta.size)
+        if end <= len(reader.head):
+            return web.Response(status=status, headers=headers, body=reader.head[start:end])
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = end - start
+        await resp.prepare(req.http)
+        async for chunk in reader.stream(rng):
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        reader.close()
 
 
 async def head_object(req: S3Request) -> web.StreamResponse:
-    meta, rng, status, headers = await _read_meta(req)
+    await req.owned_bucket()
+    meta = await req.backend.head_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
+    rng, status, headers = _response_plan(req, meta)
     headers["Content-Length"] = str(rng.length if rng else meta.size)
     return web.Response(status=status, headers=headers)
 
