@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,8 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
             break
     if not endpoint:
         raise RuntimeError("benchmark server did not start")
+    # Keep reading: a server that prints (a restart notice, a warning) must never block on a full pipe.
+    threading.Thread(target=lambda: [print(line, end="", file=sys.stderr) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     return BenchServer(endpoint, ak, sk, proc, root)
 
 

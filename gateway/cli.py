@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,10 +119,17 @@ def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
 
 
+def _echo(stream) -> None:
+    for line in stream:
+        print(line, end="", flush=True)
+
+
 def _await_ready(proc: subprocess.Popen, role: str) -> str:
+    """Wait for the child's READY line; from then on a thread echoes its stdout, so a full pipe never blocks it."""
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(READY):
+            threading.Thread(target=_echo, args=(proc.stdout,), daemon=True, name=f"{role}-stdout").start()
             return line.split(maxsplit=2)[2].strip()
         print(line, end="")
     raise SystemExit(f"objectcache: the {role} exited before it was ready (exit code {proc.wait()})")
