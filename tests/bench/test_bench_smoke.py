@@ -86,6 +86,12 @@ def test_bench_s3ops(tmp_path):
     combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
     assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
     assert all(positive(r["objectcache"]["ops_per_s"]) and positive(r["moto"]["ops_per_s"]) for r in result["rows"])
+    # CPU per operation is measured for both servers (every process of each) and the client;
+    # /proc counts in 10 ms ticks, so a short quick-mode row may read 0 but a whole side cannot.
+    for side in ("objectcache", "moto"):
+        for what in ("server_cpu_ms_per_op", "client_cpu_ms_per_op"):
+            values = [r[side][what] for r in result["rows"]]
+            assert all(math.isfinite(v) and v >= 0 for v in values) and sum(values) > 0, (side, what, values)
 
 
 def test_bench_rejects_a_scale_that_is_not_a_power_of_two(tmp_path):
