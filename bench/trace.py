@@ -58,6 +58,7 @@ async def replay(args: argparse.Namespace) -> dict:
     trace = load_trace(Path(args.file), 60 if args.quick else None)
     scale = 128 if args.quick else args.scale
     max_tokens = 2048 if args.quick else args.max_tokens
+    compression = 10.0 if args.quick else args.compression  # quick: the first 60 requests in 1.7 s
     layout = llama_layout(args.chunk_tokens, scale)
     srv = start_server()
     results = []
@@ -68,7 +69,7 @@ async def replay(args: argparse.Namespace) -> dict:
             start = time.perf_counter()
 
             async def one(req: dict) -> None:
-                await asyncio.sleep(max(0.0, req["timestamp"] / 1000 / args.compression - (time.perf_counter() - start)))
+                await asyncio.sleep(max(0.0, req["timestamp"] / 1000 / compression - (time.perf_counter() - start)))
                 tokens = np.concatenate([block_tokens(b) for b in req["hash_ids"]])[: req["input_length"]]
                 if max_tokens:
                     tokens = tokens[:max_tokens]
@@ -101,7 +102,7 @@ async def replay(args: argparse.Namespace) -> dict:
     total_tokens = sum(r["tokens"] for r in results)
     summary = {
         "benchmark": "trace", "quick": args.quick, "file": _display_path(args.file), "requests": len(results),
-        "scale": scale, "chunk_tokens": layout.chunk_tokens, "compression": args.compression,
+        "scale": scale, "chunk_tokens": layout.chunk_tokens, "compression": compression,
         "hit_ratio": sum(r["cached_tokens"] for r in results) / total_tokens,
         "bytes_written": moved["written"], "bytes_fetched": moved["fetched"],
         "ttft_s": {p: float(np.percentile(ttfts, q)) for p, q in PERCENTILES},
