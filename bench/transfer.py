@@ -9,7 +9,8 @@ Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
 * **ObjectCache-http / -shm** — one descriptor, layer-major payload delivered by the storage server.
 
 Every path runs once to warm the page cache, then the best of three timed
-runs counts (``--cold`` drops the page cache before each timed run); ratios are to opt-local and to S3-CW measured in the same run.
+runs counts (``--cold`` drops the page cache before each timed run); ratios are to opt-local and to S3-CW measured in the same run. Each case also times the
+encode and decode of its descriptor per 1,000 keys.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
+from .wire import shm_descriptor, time_codec
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
 G_VALUES = [16, 64, 256]
 RANGE_SAMPLE_LAYERS = 2
+CODEC_REPEATS = 20
 
 
 async def s3_cw(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.ndarray) -> int:
@@ -119,8 +122,9 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
         "ObjectCache-shm": await timed(await via("shm"), cold=cold),
     }
     requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1}
+    descriptor = time_codec(shm_descriptor(keys, layout.num_layers, g, layout.per_layer_chunk_bytes), CODEC_REPEATS)
     return {
-        "chunk_tokens": g, "context": context, "hit": hit, "chunks": n, "payload_bytes": w,
+        "chunk_tokens": g, "context": context, "hit": hit, "chunks": n, "payload_bytes": w, "descriptor": descriptor,
         "paths": {p: {"seconds": t, "gb_per_s": w / t / 1e9, "requests": requests[p],
                       "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t} for p, t in times.items()},
     }
@@ -154,6 +158,10 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
                  for r in rows for p, v in r["paths"].items()])
+    print("\nThe descriptor of each case (what the client encodes and the gateway and storage server decode):\n")
+    print_table(["G", "context", "hit", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
+                [[r["chunk_tokens"], r["context"], r["hit"], r["descriptor"]["keys"], r["descriptor"]["bytes"],
+                  f"{r['descriptor']['encode_us_per_1k_keys']:.0f}", f"{r['descriptor']['decode_us_per_1k_keys']:.0f}"] for r in rows])
     result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rows": rows,
               "targets": {} if args.cold else targets(rows)}
     print_targets(result["targets"])

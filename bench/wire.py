@@ -14,10 +14,8 @@ from storage_server.wire import Descriptor, Target, Transport, decode_descriptor
 CASES = [(16, 4096), (64, 1024), (256, 256)]
 
 
-def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:
-    keys = [f"llama-3.1-8b/{os.urandom(16).hex()}" for _ in range(n_keys)]
-    s = 2 * chunk_tokens * 8 * 128 * 2
-    d = Descriptor(keys, 32, chunk_tokens, s, Target(Transport.SHM, os.urandom(16), os.urandom(16), 0, n_keys * 32 * s), (0.03,))
+def time_codec(d: Descriptor, repeats: int) -> dict:
+    """Median encode and decode time of ``d``, per 1,000 keys, and its size on the wire."""
     body = encode_descriptor(d)
     enc, dec = [], []
     for _ in range(repeats):
@@ -27,10 +25,23 @@ def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:
         t = time.perf_counter()
         decode_descriptor(body)
         dec.append(time.perf_counter() - t)
-    per_k = 1000 / n_keys
-    return {"chunk_tokens": chunk_tokens, "keys": n_keys, "bytes": len(body),
+    per_k = 1000 / len(d.chunk_keys)
+    return {"keys": len(d.chunk_keys), "bytes": len(body),
             "encode_us_per_1k_keys": statistics.median(enc) * 1e6 * per_k,
             "decode_us_per_1k_keys": statistics.median(dec) * 1e6 * per_k}
+
+
+def shm_descriptor(keys: list[str], num_layers: int, chunk_tokens: int, per_layer_chunk_bytes: int) -> Descriptor:
+    """The descriptor an shm fetch of ``keys`` sends (region id and token are random stand-ins)."""
+    length = len(keys) * num_layers * per_layer_chunk_bytes
+    return Descriptor(keys, num_layers, chunk_tokens, per_layer_chunk_bytes,
+                      Target(Transport.SHM, os.urandom(16), os.urandom(16), 0, length), (0.03,))
+
+
+def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:
+    keys = [f"llama-3.1-8b/{os.urandom(16).hex()}" for _ in range(n_keys)]
+    d = shm_descriptor(keys, 32, chunk_tokens, 2 * chunk_tokens * 8 * 128 * 2)
+    return {"chunk_tokens": chunk_tokens, **time_codec(d, repeats)}
 
 
 def run(args: argparse.Namespace) -> dict:

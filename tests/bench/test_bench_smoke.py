@@ -46,6 +46,9 @@ def test_bench_transfer(tmp_path):
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
+    codec = row["descriptor"]
+    assert codec["keys"] == row["chunks"] and codec["bytes"] > 0
+    assert positive(codec["encode_us_per_1k_keys"]) and positive(codec["decode_us_per_1k_keys"])
 
 
 def test_bench_ttft(tmp_path):
