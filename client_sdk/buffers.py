@@ -22,7 +22,12 @@ PAGE = mmap.PAGESIZE
 
 
 class ShmRegion:
-    """A private (0600) shared-memory file, unlinked on close."""
+    """A private (0600) shared-memory file.
+
+    Its name is removed as soon as the storage server has mapped it
+    (:meth:`unlink`), so the memory goes back to the system when the last
+    mapping does, even if this process crashes.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = max(size, NONCE_BYTES)
@@ -37,6 +42,9 @@ class ShmRegion:
         self.view = memoryview(self.mm)
         self.nonce = secrets.token_bytes(NONCE_BYTES)
         self.mm[:NONCE_BYTES] = self.nonce  # proves to the server that we can write this segment
+
+    def unlink(self) -> None:
+        self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.view.release()
@@ -78,6 +86,8 @@ class RegionPool:
                 except BaseException:
                     region.close()
                     raise
+                finally:
+                    region.unlink()  # registered (mapped by the server) or refused: the name is no longer needed
                 r = RegisteredRegion(region, region_id, token)
                 self._regions.append(r)
             r.busy = True

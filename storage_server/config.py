@@ -75,9 +75,13 @@ class StorageServerConfig:
     max_keys: int = 65536
     # Chunk files kept open between transfers (a 64K-token prefix at G=16 is 3,584 files,
     # ~13 ms to open and close); 0 opens them per transfer. Bounded by half the
-    # process's file limit. Deleted objects' fds are closed within open_files_sweep_s.
+    # process's file limit. Deleted objects' fds are closed within housekeeping_s.
     open_files: int = 8192
-    open_files_sweep_s: float = 10.0
+    # Registered shm regions with no transfer for this long are dropped (a crashed
+    # client never unregisters); the SDK re-registers transparently.
+    region_idle_s: float = 600.0
+    # How often cached fds of deleted objects are closed and idle regions expire.
+    housekeeping_s: float = 10.0
     # Tests only: enables RPC ops that hold a transfer before a layer.
     test_hooks: bool = False
 
@@ -184,8 +188,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("storage_server.theta_bytes must be non-negative")
     if cfg.storage_server.open_files < 0:
         raise ConfigError("storage_server.open_files must be >= 0 (0 = no open-file cache)")
-    if not cfg.storage_server.open_files_sweep_s > 0:
-        raise ConfigError("storage_server.open_files_sweep_s must be > 0")
+    if not cfg.storage_server.region_idle_s > 0:
+        raise ConfigError("storage_server.region_idle_s must be > 0")
+    if not cfg.storage_server.housekeeping_s > 0:
+        raise ConfigError("storage_server.housekeeping_s must be > 0")
     if cfg.storage_server.max_keys < 1:
         raise ConfigError("storage_server.max_keys must be at least 1")
     if cfg.gateway.kv_max_put_bytes < 1:

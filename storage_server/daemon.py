@@ -86,7 +86,7 @@ class StorageServer:
         self.executor = Executor(ss.io_threads or os.cpu_count() or 2, ss.theta_bytes)
         self.regions = RegionRegistry()
         self.open_files = OpenFileCache(min(ss.open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
-        self._sweeper: asyncio.Task | None = None
+        self._housekeeper: asyncio.Task | None = None
         self.gate = TestGate() if ss.test_hooks else None
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -140,7 +140,7 @@ class StorageServer:
             writer.close()
 
     async def start(self) -> asyncio.AbstractServer:
-        self._sweeper = asyncio.ensure_future(self.sweep_open_files())
+        self._housekeeper = asyncio.ensure_future(self.housekeeping())
         if self.config.storage_server.tcp:
             host, _, port = self.config.storage_server.tcp.rpartition(":")
             return await asyncio.start_server(self._serve_connection, host, int(port), limit=MAX_REQUEST_LINE)
@@ -152,18 +152,23 @@ class StorageServer:
         os.chmod(path, 0o600)
         return server
 
-    async def sweep_open_files(self) -> None:
-        """Close cached fds of deleted or replaced objects, so their disk space is freed within a period."""
-        period = self.config.storage_server.open_files_sweep_s
+    async def housekeeping(self) -> None:
+        """Free what nobody will release: files left by a crash (once), then periodically
+        fds of deleted objects and regions of vanished clients."""
+        ss = self.config.storage_server
+        orphans = await self.backend.reclaim_orphans()
+        if orphans:
+            log.warning("housekeeping: removed %d unreferenced object files left by an earlier crash", orphans)
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(ss.housekeeping_s)
             closed = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.open_files.sweep)
-            if closed:
-                log.debug("closed %d cached fds of unlinked object files", closed)
+            expired = self.regions.expire(ss.region_idle_s)
+            if closed or expired:
+                log.info("housekeeping: closed %d cached fds of deleted objects, dropped %d idle regions", closed, expired)
 
     def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
         self.executor.close()
         self.regions.close()
         self.open_files.close()

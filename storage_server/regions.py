@@ -7,6 +7,11 @@ segment (another tenant cannot point the server at memory it does not own).
 Registration returns a region id and a secret token; a ``kv-get`` must present
 both, and may only target ``[offset, offset+length)`` inside the region, and
 only for the tenant that registered it.
+
+A client that crashes never unregisters, so a region that has carried no
+transfer for ``idle_s`` seconds is dropped (:meth:`RegionRegistry.expire`),
+and a tenant at its region cap loses its least recently used idle region
+rather than being refused. The SDK re-registers when told ``KVNoSuchRegion``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import mmap
 import os
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +43,7 @@ class Region:
     mm: mmap.mmap
     view: memoryview = field(init=False)
     in_use: int = 0
+    last_used: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.mm)
@@ -51,13 +58,21 @@ class RegionRegistry:
         self._regions: dict[bytes, Region] = {}
         self.max_per_tenant = max_regions_per_tenant
 
+    def _drop(self, region: Region) -> None:
+        del self._regions[region.region_id]
+        region.close()
+
     def register(self, tenant: str, name: str, size: int, nonce: bytes) -> Region:
         if not _NAME.match(name):
             raise S3Error(ErrorCode.InvalidArgument, f"shm name {name!r} is not a plain /dev/shm file name", extra={"ArgumentName": "name"})
         if size < NONCE_BYTES:
             raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is too small", extra={"ArgumentName": "size"})
-        if sum(1 for r in self._regions.values() if r.tenant == tenant) >= self.max_per_tenant:
-            raise S3Error(ErrorCode.InvalidRequest, f"tenant {tenant!r} already has {self.max_per_tenant} registered regions")
+        mine = [r for r in self._regions.values() if r.tenant == tenant]
+        if len(mine) >= self.max_per_tenant:
+            idle = [r for r in mine if not r.in_use]
+            if not idle:
+                raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {self.max_per_tenant} registered regions, all in use")
+            self._drop(min(idle, key=lambda r: r.last_used))
         path = SHM_DIR / name
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -90,14 +105,22 @@ class RegionRegistry:
                 f"target [{offset}, {offset + length}) is outside the registered region of {region.size} bytes",
                 extra={"Field": "target.offset"},
             )
+        region.last_used = time.monotonic()
         return region
 
     def unregister(self, tenant: str, region_id: bytes, token: bytes) -> None:
         region = self.resolve(tenant, region_id, token, 0, 0)
         if region.in_use:
             raise S3Error(ErrorCode.InvalidRequest, "region has transfers in flight")
-        del self._regions[region_id]
-        region.close()
+        self._drop(region)
+
+    def expire(self, idle_s: float, now: float | None = None) -> int:
+        """Drop regions that have carried no transfer for ``idle_s`` seconds; returns how many."""
+        now = time.monotonic() if now is None else now
+        stale = [r for r in self._regions.values() if not r.in_use and now - r.last_used > idle_s]
+        for r in stale:
+            self._drop(r)
+        return len(stale)
 
     def close(self) -> None:
         for r in self._regions.values():

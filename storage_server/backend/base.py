@@ -195,5 +195,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]: ...
 
+    async def reclaim_orphans(self) -> int:
+        """Delete stored bytes that no metadata references (crash leftovers); returns how many files."""
+        return 0
+
     async def close(self) -> None:
         """Release resources (connections, pools)."""

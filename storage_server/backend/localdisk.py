@@ -8,8 +8,10 @@ Durability protocol for every write (PUT, copy, multipart complete):
 3. commit the metadata row (SQLite WAL, ``synchronous=FULL``);
 4. only then acknowledge, and unlink the file the row used to point at.
 
-A crash before 3 leaves at most an unreferenced file (swept at start-up from
-``tmp/``); a crash after 3 leaves the new object whole. Readers never see a
+A crash before 3 leaves at most an unreferenced file, in ``tmp/`` (swept at
+start-up) or in ``objects/`` (:meth:`LocalDiskBackend.reclaim_orphans`); a crash
+after 3 leaves the new object whole. Both sweeps spare files written within
+``GRACE_S``: the other process may be writing them right now. Readers never see a
 row whose file is incomplete. The gateway and the storage-server daemon open
 the same directory: SQLite's WAL gives one writer at a time and many readers
 across processes.
@@ -26,6 +28,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -56,6 +59,9 @@ MAX_OBJECT_SIZE = 5 * 1024**4
 MAX_PUT_SIZE = 5 * 1024**3
 MIN_PART_SIZE = 5 * 1024**2
 WRITE_BUFFER = 1 << 20
+# Files younger than this are never swept: a write in progress touches its file
+# continuously and commits within moments of its last byte.
+GRACE_S = 3600.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -145,10 +151,36 @@ class LocalDiskBackend(Backend):
             db = self._local.db = self._connect()
         return db
 
-    def _sweep_tmp(self) -> None:
-        """Remove writes that were never acknowledged (crash leftovers)."""
-        for p in self.tmp_dir.iterdir():
+    def _sweep_tmp(self, grace_s: float = GRACE_S) -> None:
+        """Remove writes that were never acknowledged (crash leftovers), sparing recent ones.
+
+        The gateway and the storage server both open the store; one starting
+        (or restarting) must not delete the other's in-flight upload.
+        """
+        for p in _older_than(self.tmp_dir.iterdir(), grace_s):
             p.unlink(missing_ok=True)
+
+    async def reclaim_orphans(self, grace_s: float = GRACE_S) -> int:
+        return await self._run(self._reclaim_orphans_sync, grace_s)
+
+    def _reclaim_orphans_sync(self, grace_s: float = GRACE_S) -> int:
+        """Delete object files no metadata row references (a crash between publish and commit,
+        or between a commit and the unlink of the file it replaced). Returns how many.
+
+        Files are listed before the metadata is read, so a file committed meanwhile
+        counts as referenced; files are matched by name, never-reused uuids, so a
+        moved data directory cannot make live files look unreferenced.
+        """
+        candidates = list(_older_than((f for d in self.objects_dir.iterdir() if d.is_dir() for f in d.iterdir()), grace_s))
+        if not candidates:
+            return 0
+        referenced = {os.path.basename(path) for (path,) in self._db.execute("SELECT path FROM objects")}
+        removed = 0
+        for f in candidates:
+            if f.name not in referenced:
+                f.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     async def _run(self, fn: Callable[..., T], *args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -386,7 +418,7 @@ class LocalDiskBackend(Backend):
                 if old is not None:
                     garbage.append(old[10])
                 self._insert_object(db, meta, str(final), immutable)
-                results.append(meta)
+                results.append(replace(meta, locator=str(final)))
             return results, garbage
 
         try:
@@ -840,3 +872,15 @@ class _FileReader(ObjectReader):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _older_than(paths, grace_s: float):
+    """The regular files among ``paths`` last modified more than ``grace_s`` seconds ago."""
+    cutoff = time.time() - grace_s
+    for p in paths:
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+            yield p

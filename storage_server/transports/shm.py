@@ -6,6 +6,8 @@ intermediate copy); delivery is a small LAYER frame.
 
 from __future__ import annotations
 
+import time
+
 from ..regions import Region
 from .base import FrameSink, Transport
 
@@ -30,3 +32,4 @@ class ShmTransport(Transport):
 
     def close(self) -> None:
         self.region.in_use -= 1
+        self.region.last_used = time.monotonic()

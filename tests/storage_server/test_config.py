@@ -48,7 +48,7 @@ secret_key = "s2"
     ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\nextra = 1\n', "extra"),
     ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\n[[tenants]]\nname = "b"\naccess_key = "k"\nsecret_key = "t"\n', "used twice"),
     ("[storage_server]\nopen_files = -1\n", "storage_server.open_files"),
-    ("[storage_server]\nopen_files_sweep_s = 0\n", "storage_server.open_files_sweep_s"),
+    ("[storage_server]\nhousekeeping_s = 0\n", "storage_server.housekeeping_s"),
     ("not toml [", "invalid TOML"),
 ])
 def test_bad_config_is_refused_naming_the_key(tmp_path, text, needle):

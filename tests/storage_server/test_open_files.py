@@ -74,7 +74,7 @@ def test_the_daemon_frees_deleted_chunks_held_open_within_a_sweep_period(tmp_pat
     tenant = make_tenants("t")[0]
     sock = tmp_path / "ss.sock"
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
-                          extra=f'\n[storage_server]\nsocket = "{sock}"\nopen_files_sweep_s = 0.2\n')
+                          extra=f'\n[storage_server]\nsocket = "{sock}"\nhousekeeping_s = 0.2\n')
     proc = ServerProcess(config).start()
     try:
         s3 = boto_client(proc.endpoint, tenant)
