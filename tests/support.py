@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +100,17 @@ def boto_client(endpoint: str, tenant: TenantKeys, **config):
         region_name="us-east-1",
         config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config),
     )
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, **storage_server: object) -> Iterator[tuple[ServerProcess, TenantKeys, Path]]:
+    """``objectcache serve`` with one tenant and these ``[storage_server]`` settings; yields (server, tenant, RPC socket)."""
+    tenant = make_tenants("t")[0]
+    sock = tmp_path / "ss.sock"
+    settings = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in storage_server.items())
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\nsocket = "{sock}"\n{settings}')
+    proc = ServerProcess(config).start()
+    try:
+        yield proc, tenant, sock
+    finally:
+        proc.stop()

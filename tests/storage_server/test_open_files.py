@@ -9,7 +9,7 @@ import pytest
 
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 from storage_server.open_files import MissingFile, OpenFileCache
-from support import ServerProcess, boto_client, make_tenants, write_config
+from support import boto_client, serving
 
 
 @pytest.fixture
@@ -71,12 +71,7 @@ def test_sweep_closes_idle_fds_of_unlinked_files_only(files):
 
 def test_the_daemon_frees_deleted_chunks_held_open_within_a_sweep_period(tmp_path):
     """Deleting through the gateway (another process) frees the disk space of a cached chunk file."""
-    tenant = make_tenants("t")[0]
-    sock = tmp_path / "ss.sock"
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
-                          extra=f'\n[storage_server]\nsocket = "{sock}"\nhousekeeping_s = 0.2\n')
-    proc = ServerProcess(config).start()
-    try:
+    with serving(tmp_path, housekeeping_s=0.2) as (proc, tenant, sock):
         s3 = boto_client(proc.endpoint, tenant)
         s3.create_bucket(Bucket="sweep")
         layout = tiny_layout(16, num_layers=4)
@@ -94,5 +89,3 @@ def test_the_daemon_frees_deleted_chunks_held_open_within_a_sweep_period(tmp_pat
         while rpc(str(sock), "status")["open_file_cache"]["files"] != 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rpc(str(sock), "status")["open_file_cache"]["files"] == 6
-    finally:
-        proc.stop()

@@ -11,7 +11,7 @@ from client_sdk.buffers import SHM_DIR, ShmRegion
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from storage_server.errors import S3Error
 from storage_server.regions import RegionRegistry
-from support import ServerProcess, boto_client, make_tenants, write_config
+from support import boto_client, serving
 
 
 @pytest.fixture
@@ -63,12 +63,7 @@ def test_a_tenant_at_its_cap_loses_its_least_recently_used_idle_region(segments)
 
 
 def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_path):
-    tenant = make_tenants("t")[0]
-    sock = tmp_path / "ss.sock"
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
-                          extra=f'\n[storage_server]\nsocket = "{sock}"\nregion_idle_s = 0.3\nhousekeeping_s = 0.1\n')
-    proc = ServerProcess(config).start()
-    try:
+    with serving(tmp_path, region_idle_s=0.3, housekeeping_s=0.1) as (proc, tenant, sock):
         boto_client(proc.endpoint, tenant).create_bucket(Bucket="regions")
         layout = tiny_layout(16, num_layers=4)
         keys, chunks = keys_for(layout, 8, "regions"), make_chunks(layout, 8, seed=4)
@@ -88,5 +83,3 @@ def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_pat
                 assert np.array_equal(payload, reference(layout, chunks))
 
         run(scenario())
-    finally:
-        proc.stop()
