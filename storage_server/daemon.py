@@ -156,13 +156,20 @@ class StorageServer:
         """Free what nobody will release: files left by a crash (once), then periodically
         fds of deleted objects and regions of vanished clients."""
         ss = self.config.storage_server
-        orphans = await self.backend.reclaim_orphans()
-        if orphans:
-            log.warning("housekeeping: removed %d unreferenced object files left by an earlier crash", orphans)
+        try:
+            orphans = await self.backend.reclaim_orphans()
+            if orphans:
+                log.warning("housekeeping: removed %d unreferenced object files left by an earlier crash", orphans)
+        except Exception:
+            log.exception("housekeeping: reclaiming crash leftovers failed (will retry at the next start)")
         while True:
             await asyncio.sleep(ss.housekeeping_s)
-            closed = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.open_files.sweep)
-            expired = self.regions.expire(ss.region_idle_s)
+            try:
+                closed = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.open_files.sweep)
+                expired = self.regions.expire(ss.region_idle_s)
+            except Exception:  # one bad round must not end housekeeping for the daemon's lifetime
+                log.exception("housekeeping round failed")
+                continue
             if closed or expired:
                 log.info("housekeeping: closed %d cached fds of deleted objects, dropped %d idle regions", closed, expired)
 
