@@ -77,6 +77,10 @@ class StorageServerConfig:
     # ~13 ms to open and close); 0 opens them per transfer. Bounded by half the
     # process's file limit. Deleted objects' fds are closed within housekeeping_s.
     open_files: int = 8192
+    # Bytes all http transfers together may stage in the daemon's memory (two layers each
+    # layerwise, the whole payload chunkwise); transfers wait for room. A chunkwise
+    # request bigger than this is sent layerwise instead.
+    http_staging_bytes: int = 1 << 30
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
@@ -188,6 +192,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("storage_server.theta_bytes must be non-negative")
     if cfg.storage_server.open_files < 0:
         raise ConfigError("storage_server.open_files must be >= 0 (0 = no open-file cache)")
+    if cfg.storage_server.http_staging_bytes < 1:
+        raise ConfigError("storage_server.http_staging_bytes must be at least 1")
     if not cfg.storage_server.region_idle_s > 0:
         raise ConfigError("storage_server.region_idle_s must be > 0")
     if not cfg.storage_server.housekeeping_s > 0:

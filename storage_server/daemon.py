@@ -10,6 +10,7 @@ bytes without parsing them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from .bandwidth import GBPS, BandwidthPool
 from .executor import ChunkPlan, Executor, Pacer, choose_mode, open_chunks
 from .open_files import OpenFileCache
 from .regions import RegionRegistry
+from .staging import StagingBudget
 from .transports import FrameSink, HttpTransport, ShmTransport, Transport
 from .transports.rdma import open_rdma_transport
 from .wire import Descriptor, Mode, TransferStats, Transport as TransportKind, decode_descriptor
@@ -85,6 +87,7 @@ class StorageServer:
         ss = config.storage_server
         self.executor = Executor(ss.io_threads or os.cpu_count() or 2, ss.theta_bytes)
         self.regions = RegionRegistry()
+        self.staging = StagingBudget(ss.http_staging_bytes)
         self.open_files = OpenFileCache(min(ss.open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
         self._housekeeper: asyncio.Task | None = None
         self.gate = TestGate() if ss.test_hooks else None
@@ -196,6 +199,7 @@ async def _status(server: StorageServer, call: RpcCall) -> Reply:
         "bytes_delivered": server.bytes_delivered,
         "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
         "open_file_cache": server.open_files.status(),
+        "http_staging": server.staging.status(),
         "bandwidth": server.pool.status() if server.pool is not None else {"enabled": False},
     }
 
@@ -217,6 +221,8 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
     mode = choose_mode(d, server.executor.theta_bytes)
     frames = FrameSink(writer)
     transport = _transport(server, tenant, d, frames)
+    if mode == Mode.CHUNKWISE and transport.staging_bytes(chunkwise=True) > server.staging.total:
+        mode = Mode.LAYERWISE  # same bytes, bounded staging; the END report names the mode used
     plan = None
     try:
         locations = await server.backend.locate(bucket, d.chunk_keys)
@@ -226,7 +232,8 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         writer.write(json.dumps({"ok": True, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes, "num_layers": d.num_layers}).encode() + b"\n")
         server.active[request_id] = {"request_id": request_id, "tenant": tenant, "mode": mode.name.lower(), "payload_bytes": d.payload_bytes}
         try:
-            stats = await _until_disconnect(call.reader, _paced_run(server, plan, transport, tenant, request_id))
+            run = functools.partial(_paced_run, server, plan, transport, tenant, request_id)
+            stats = await _until_disconnect(call.reader, _staged(server, transport.staging_bytes(mode == Mode.CHUNKWISE), run))
             stats.request_id = request_id
             await frames.end(stats.to_json())
             server.completed += 1
@@ -244,6 +251,12 @@ async def _kv_get(server: StorageServer, call: RpcCall) -> Reply:
         if plan is not None:
             plan.close()
         transport.close()
+
+
+async def _staged(server: StorageServer, nbytes: int, run: Callable[[], Awaitable[TransferStats]]) -> TransferStats:
+    """Start ``run()`` once its staging memory fits the server's budget (http); waiting ends if the client leaves."""
+    async with server.staging.hold(nbytes):
+        return await run()
 
 
 async def _paced_run(server: StorageServer, plan: ChunkPlan, transport: Transport, tenant: str, request_id: str) -> TransferStats:

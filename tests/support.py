@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -107,7 +108,7 @@ def serving(tmp_path: Path, **storage_server: object) -> Iterator[tuple[ServerPr
     """``objectcache serve`` with one tenant and these ``[storage_server]`` settings; yields (server, tenant, RPC socket)."""
     tenant = make_tenants("t")[0]
     sock = tmp_path / "ss.sock"
-    settings = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in storage_server.items())
+    settings = "".join(f"{k} = {json.dumps(v)}\n" for k, v in storage_server.items())  # JSON scalars are TOML scalars
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\nsocket = "{sock}"\n{settings}')
     proc = ServerProcess(config).start()
     try:

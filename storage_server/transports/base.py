@@ -53,6 +53,10 @@ class Transport(abc.ABC):
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
 
+    def staging_bytes(self, chunkwise: bool) -> int:
+        """Server memory this transport holds for the transfer's bytes (0: they go straight to the client's memory)."""
+        return 0
+
     def layer_offset(self, layer: int) -> int:
         return self.base_offset + layer * self.layer_bytes
 

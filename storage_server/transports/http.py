@@ -21,6 +21,9 @@ class HttpTransport(Transport):
         self._buffers: list[memoryview] = []
         self._payload: memoryview | None = None
 
+    def staging_bytes(self, chunkwise: bool) -> int:
+        return self.layer_bytes * (self.num_layers if chunkwise else self.buffers_in_rotation)
+
     def layer_buffer(self, layer: int) -> memoryview:
         while len(self._buffers) < self.buffers_in_rotation:
             self._buffers.append(memoryview(bytearray(self.layer_bytes)))
