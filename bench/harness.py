@@ -67,6 +67,14 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
     return BenchServer(endpoint, ak, sk, proc, root)
 
 
+def grouped_bars(ax, groups: list[str], series: dict[str, list[float]], rotation: int = 30) -> None:
+    """One bar per series in every group, side by side, named on the x axis (each plot's bar chart)."""
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))], values, width, label=name)
+    ax.set_xticks(range(len(groups)), groups, rotation=rotation, ha="right" if rotation else "center")
+
+
 def emit(result: dict, path: str | None) -> None:
     if path:
         with open(path, "w") as f:

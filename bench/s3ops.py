@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .harness import add_bench_parser, finish, print_table, print_targets, progress, s3_client, start_server
+from .harness import add_bench_parser, finish, grouped_bars, print_table, print_targets, progress, s3_client, start_server
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
 CONCURRENCY = (1, 16)
@@ -146,10 +146,8 @@ def run(args: argparse.Namespace) -> dict:
 def plot(result: dict, fig) -> None:
     rows = result["rows"]
     ax = fig.subplots()
-    x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r["objectcache"]["ops_per_s"] for r in rows], 0.4, label="ObjectCache")
-    ax.bar(x + 0.2, [r["moto"]["ops_per_s"] for r in rows], 0.4, label="moto server")
-    ax.set_xticks(x, [f"{r['size']} c{r['concurrency']} {r['op'].upper()}" for r in rows], rotation=30, ha="right")
+    grouped_bars(ax, [f"{r['size']} c{r['concurrency']} {r['op'].upper()}" for r in rows],
+                 {"ObjectCache": [r["objectcache"]["ops_per_s"] for r in rows], "moto server": [r["moto"]["ops_per_s"] for r in rows]})
     ax.set_ylabel("operations / s")
     ax.set_title("bench s3ops: ObjectCache beside moto's server")
     ax.legend()

@@ -32,7 +32,7 @@ from client_sdk import ObjectCacheClient, chunk_keys
 from scheduler import POLICIES, TransferDemand, added_stall, allocate
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import BenchServer, add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, start_server
+from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, start_server
 
 GBPS = 1e9 / 8
 CHUNK_TOKENS = 64
@@ -186,10 +186,8 @@ def plot(result: dict, fig) -> None:
     workloads = result["workloads"]
     axes = fig.subplots(1, len(workloads), squeeze=False)[0]
     for ax, w in zip(axes, workloads):
-        x = np.arange(len(POLICIES))
-        ax.bar(x - 0.2, [w["policies"][p]["added_ttft_s"] for p in POLICIES], 0.4, label="measured")
-        ax.bar(x + 0.2, [w["policies"][p]["modelled_added_ttft_s"] for p in POLICIES], 0.4, label="model")
-        ax.set_xticks(x, POLICIES, rotation=30, ha="right")
+        grouped_bars(ax, list(POLICIES), {"measured": [w["policies"][p]["added_ttft_s"] for p in POLICIES],
+                                          "model": [w["policies"][p]["modelled_added_ttft_s"] for p in POLICIES]})
         ax.set_title(f"workload {w['workload']} ({w['cap_gbps']:.0f} Gbps)")
         ax.set_ylabel("total added TTFT (s, full size)")
     axes[0].legend()

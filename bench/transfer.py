@@ -24,7 +24,7 @@ import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
+from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .wire import shm_descriptor, time_codec
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]
@@ -185,13 +185,9 @@ def targets(rows: list[dict]) -> dict[str, bool]:
 
 def plot(result: dict, fig) -> None:
     rows = result["rows"]
-    paths = list(rows[0]["paths"])
     ax = fig.subplots()
-    width = 0.8 / len(paths)
-    for k, p in enumerate(paths):
-        ax.bar(np.arange(len(rows)) + k * width, [r["paths"][p]["gb_per_s"] for r in rows], width, label=p)
-    ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2,
-                  [f"G{r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%}" for r in rows], rotation=45, ha="right")
+    grouped_bars(ax, [f"G{r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%}" for r in rows],
+                 {p: [r["paths"][p]["gb_per_s"] for r in rows] for p in rows[0]["paths"]}, rotation=45)
     ax.set_yscale("log")
     ax.set_ylabel("GB/s")
     ax.set_title(f"bench transfer (bytes per token ÷{result['scale']}{', cold page cache' if result.get('cold') else ''})")

@@ -30,7 +30,7 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import add_bench_parser, finish, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
+from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .transfer import s3_cw
 
 PATHS = ("opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW")
@@ -228,11 +228,8 @@ def targets(rows: list[dict]) -> dict[str, bool]:
 def plot(result: dict, fig) -> None:
     rows = result["rows"]
     ax = fig.subplots()
-    labels = [f"G{r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%}" for r in rows]
-    width = 0.8 / len(PATHS)
-    for k, p in enumerate(PATHS):
-        ax.bar(np.arange(len(rows)) + k * width, [r["paths"][p]["overhead_vs_opt_local_lw"] * 100 for r in rows], width, label=p)
-    ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2, labels, rotation=45, ha="right")
+    grouped_bars(ax, [f"G{r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%}" for r in rows],
+                 {p: [r["paths"][p]["overhead_vs_opt_local_lw"] * 100 for r in rows] for p in PATHS}, rotation=45)
     ax.set_yscale("symlog", linthresh=10)
     ax.set_ylabel("TTFT overhead over opt-local-LW (%)")
     ax.set_title(f"bench ttft (bytes and compute ÷{result['scale']}, compute: {result['compute']})")

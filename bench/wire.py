@@ -7,7 +7,7 @@ import os
 import statistics
 import time
 
-from .harness import add_bench_parser, finish, print_table
+from .harness import add_bench_parser, finish, grouped_bars, print_table
 from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
 
 # A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
@@ -56,10 +56,8 @@ def run(args: argparse.Namespace) -> dict:
 def plot(result: dict, fig) -> None:
     rows = result["rows"]
     ax = fig.subplots()
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["encode_us_per_1k_keys"] for r in rows], 0.4, label="encode")
-    ax.bar([i + 0.2 for i in x], [r["decode_us_per_1k_keys"] for r in rows], 0.4, label="decode")
-    ax.set_xticks(list(x), [f"G={r['chunk_tokens']} ({r['keys']} keys)" for r in rows])
+    grouped_bars(ax, [f"G={r['chunk_tokens']} ({r['keys']} keys)" for r in rows],
+                 {"encode": [r["encode_us_per_1k_keys"] for r in rows], "decode": [r["decode_us_per_1k_keys"] for r in rows]}, rotation=0)
     ax.set_ylabel("µs per 1,000 keys")
     ax.set_title("bench wire: descriptor codec cost")
     ax.legend()
