@@ -44,30 +44,32 @@ class OpenFileCache:
         self.hits = self.misses = 0
 
     def acquire(self, paths: list[str]) -> list[int]:
-        """Open (or reuse) every path; all or nothing. Raises :class:`MissingFile`."""
-        fds: list[int] = []
-        taken: list[str] = []
-        try:
+        """Open (or reuse) every path; all or nothing. Raises :class:`MissingFile`.
+
+        Cached paths are taken under one lock acquisition; only misses are opened, outside it.
+        """
+        fds: list[int | None] = [None] * len(paths)
+        with self._lock:
             for i, path in enumerate(paths):
-                with self._lock:
-                    entry = self._entries.get(path)
-                    if entry is not None:
-                        entry.users += 1
-                        self._entries.move_to_end(path)
-                        self.hits += 1
-                if entry is None:
-                    try:
-                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    except FileNotFoundError:
-                        raise MissingFile(i) from None
-                    entry = self._insert(path, fd)
-                fds.append(entry.fd)
-                taken.append(path)
+                entry = self._entries.get(path)
+                if entry is not None:
+                    entry.users += 1
+                    self._entries.move_to_end(path)
+                    fds[i] = entry.fd
+            missing = [i for i, fd in enumerate(fds) if fd is None]
+            self.hits += len(paths) - len(missing)
+        try:
+            for i in missing:
+                try:
+                    fd = os.open(paths[i], os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise MissingFile(i) from None
+                fds[i] = self._insert(paths[i], fd).fd
         except BaseException:
-            self.release(taken)
+            self.release([p for p, fd in zip(paths, fds) if fd is not None])
             raise
         self._trim()
-        return fds
+        return fds  # type: ignore[return-value]
 
     def _insert(self, path: str, fd: int) -> _Entry:
         with self._lock:
@@ -89,12 +91,15 @@ class OpenFileCache:
 
     def _trim(self) -> None:
         """Close idle entries, oldest first, until within capacity."""
-        doomed: list[int] = []
         with self._lock:
             excess = len(self._entries) - self.capacity
-            if excess > 0:
-                for path in [p for p, e in self._entries.items() if e.users == 0][:excess]:
-                    doomed.append(self._entries.pop(path).fd)
+            idle: list[str] = []
+            for path, entry in self._entries.items():  # oldest first
+                if len(idle) >= excess:
+                    break
+                if entry.users == 0:
+                    idle.append(path)
+            doomed = [self._entries.pop(path).fd for path in idle]
         for fd in doomed:
             os.close(fd)
 

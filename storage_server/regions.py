@@ -48,6 +48,14 @@ class Region:
     def __post_init__(self) -> None:
         self.view = memoryview(self.mm)
 
+    def hold(self) -> None:
+        """A transfer writes into the region: it cannot expire or be dropped meanwhile."""
+        self.in_use += 1
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self.last_used = time.monotonic()  # idle time counts from the end of the last transfer
+
     def close(self) -> None:
         self.view.release()
         self.mm.close()

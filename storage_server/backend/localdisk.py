@@ -452,13 +452,17 @@ class LocalDiskBackend(Backend):
             ),
         )
 
-    def head_object_sync(self, bucket: str, key: str) -> ObjectMeta:
+    def _current_row(self, bucket: str, key: str) -> tuple:
+        """The key's metadata row, or NoSuchKey (NoSuchBucket if the bucket is gone too)."""
         db = self._db
         row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
         if row is None:
             self._bucket_exists(db, bucket)
             raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
-        return self._row_to_meta(row)
+        return row
+
+    def head_object_sync(self, bucket: str, key: str) -> ObjectMeta:
+        return self._row_to_meta(self._current_row(bucket, key))
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta:
         return await self._run(self.head_object_sync, bucket, key)
@@ -469,12 +473,8 @@ class LocalDiskBackend(Backend):
         A concurrent overwrite or delete may unlink the file between the SELECT
         and the open; then the row is read again, so the pair is always one version.
         """
-        db = self._db
         for _ in range(16):
-            row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
-            if row is None:
-                self._bucket_exists(db, bucket)
-                raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
+            row = self._current_row(bucket, key)
             try:
                 fd = os.open(row[10], os.O_RDONLY)
             except FileNotFoundError:

@@ -6,8 +6,6 @@ intermediate copy); delivery is a small LAYER frame.
 
 from __future__ import annotations
 
-import time
-
 from ..regions import Region
 from .base import FrameSink, Transport
 
@@ -18,7 +16,7 @@ class ShmTransport(Transport):
     def __init__(self, frames: FrameSink, region: Region, base_offset: int, layer_bytes: int, num_layers: int) -> None:
         super().__init__(frames, base_offset, layer_bytes, num_layers)
         self.region = region
-        region.in_use += 1
+        region.hold()
 
     def layer_buffer(self, layer: int) -> memoryview:
         start = self.layer_offset(layer)
@@ -31,5 +29,4 @@ class ShmTransport(Transport):
         await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, checksum)
 
     def close(self) -> None:
-        self.region.in_use -= 1
-        self.region.last_used = time.monotonic()
+        self.region.release()
