@@ -51,7 +51,7 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     endpoint = ""

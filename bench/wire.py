@@ -7,8 +7,15 @@ import os
 import statistics
 import time
 
+from protocol.wire import (
+    Descriptor,
+    Target,
+    TransportKind,
+    decode_descriptor,
+    encode_descriptor,
+)
+
 from .harness import add_bench_parser, finish, grouped_bars, print_table
-from storage_server.wire import Descriptor, Target, Transport, decode_descriptor, encode_descriptor
 
 # A 64K-token prefix at G=16, 64 and 256 for Llama 3.1 8B.
 CASES = [(16, 4096), (64, 1024), (256, 256)]
@@ -35,7 +42,7 @@ def shm_descriptor(keys: list[str], num_layers: int, chunk_tokens: int, per_laye
     """The descriptor an shm fetch of ``keys`` sends (region id and token are random stand-ins)."""
     length = len(keys) * num_layers * per_layer_chunk_bytes
     return Descriptor(keys, num_layers, chunk_tokens, per_layer_chunk_bytes,
-                      Target(Transport.SHM, os.urandom(16), os.urandom(16), 0, length), (0.03,))
+                      Target(TransportKind.SHM, os.urandom(16), os.urandom(16), 0, length), (0.03,))
 
 
 def measure(n_keys: int, chunk_tokens: int, repeats: int) -> dict:

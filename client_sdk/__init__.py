@@ -13,7 +13,7 @@ async with ObjectCacheClient(endpoint, access_key, secret_key, bucket="kv") as c
 ```
 """
 
-from storage_server.errors import S3Error as ObjectCacheError
+from protocol.errors import S3Error as ObjectCacheError
 
 from .client import FetchStats, LayerStream, ObjectCacheClient
 from .hashing import chunk_keys

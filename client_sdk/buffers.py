@@ -14,10 +14,9 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
-NONCE_BYTES = 16
+from protocol.shm import NONCE_BYTES, SHM_DIR
+
 PAGE = mmap.PAGESIZE
 
 

@@ -27,11 +27,32 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 
-from storage_server.checksums import b64
-from storage_server.errors import ErrorCode, S3Error
-from storage_server.wire import Descriptor, FrameType, Mode, Target, TransferStats, Transport, encode_descriptor, encode_keys, encode_put_batch
+from protocol.checksums import b64
+from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import (
+    HEADER_GATEWAY_S,
+    HEADER_MODE,
+    HEADER_PAYLOAD_BYTES,
+    KVOp,
+    LookupReply,
+    RegisterReply,
+    RegisterRequest,
+    UnregisterRequest,
+)
+from protocol.shm import SHM_DIR
+from protocol.wire import (
+    Descriptor,
+    FrameType,
+    Mode,
+    Target,
+    TransferStats,
+    TransportKind,
+    encode_descriptor,
+    encode_keys,
+    encode_put_batch,
+)
 
-from .buffers import SHM_DIR, RegionPool, RegisteredRegion, ShmRegion
+from .buffers import RegionPool, RegisteredRegion, ShmRegion
 from .frames import FrameStream
 from .layout import KVLayout
 
@@ -47,6 +68,10 @@ def _s3_error(status: int, body: bytes) -> S3Error:
         return S3Error(code, doc.findtext("Message") or "", doc.findtext("Resource") or "", extra)
     except ET.ParseError:
         return S3Error(ErrorCode.InternalError, f"HTTP {status}: {body[:200]!r}")
+
+
+def _json(record: Any) -> bytes:
+    return json.dumps(record.to_json()).encode()
 
 
 @dataclass
@@ -84,8 +109,8 @@ class LayerStream:
         self.stats = FetchStats(
             request_id=response.headers.get("x-amz-request-id", ""),
             transport=transport,
-            gateway_s=float(response.headers.get("x-oc-gateway-s", "0")),
-            server=TransferStats(mode=response.headers.get("x-oc-mode", ""), payload_bytes=int(response.headers.get("x-oc-payload-bytes", "0"))),
+            gateway_s=float(response.headers.get(HEADER_GATEWAY_S, "0")),
+            server=TransferStats(mode=response.headers.get(HEADER_MODE, ""), payload_bytes=int(response.headers.get(HEADER_PAYLOAD_BYTES, "0"))),
         )
 
     def __aiter__(self) -> "LayerStream":
@@ -172,7 +197,7 @@ class ObjectCacheClient:
     async def close(self) -> None:
         for r in self._regions.close():
             with contextlib.suppress(Exception):
-                await self._post("/", "kv-unregister", json.dumps({"region_id": r.region_id.hex(), "token": r.token.hex()}).encode())
+                await self._post("/", KVOp.UNREGISTER, _json(UnregisterRequest(r.region_id.hex(), r.token.hex())))
         if self._s3_ctx is not None:
             await self._s3_ctx.__aexit__(None, None, None)
             self._s3_ctx = None
@@ -186,7 +211,7 @@ class ObjectCacheClient:
         self._signer.add_auth(req)
         return dict(req.headers.items())
 
-    async def _post(self, path: str, op: str, body: bytes | list, *, payload_hash: str | None = None,
+    async def _post(self, path: str, op: KVOp, body: bytes | list, *, payload_hash: str | None = None,
                     extra_headers: dict[str, str] | None = None, stream: bool = False) -> aiohttp.ClientResponse:
         """POST ``path?op`` signed with SigV4. List bodies are sent without joining (KV batches)."""
         assert self._http is not None, "use the client inside `async with`"
@@ -220,9 +245,9 @@ class ObjectCacheClient:
         return resp
 
     async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
-        resp = await self._post("/", "kv-register", json.dumps({"name": region.name, "size": region.size, "nonce": region.nonce.hex()}).encode())
-        reply = await resp.json()
-        return bytes.fromhex(reply["region_id"]), bytes.fromhex(reply["token"])
+        resp = await self._post("/", KVOp.REGISTER, _json(RegisterRequest(region.name, region.size, region.nonce.hex())))
+        reply = RegisterReply.from_json(await resp.json())
+        return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     # -- public API -----------------------------------------------------------------
     async def ensure_bucket(self) -> None:
@@ -253,18 +278,18 @@ class ObjectCacheClient:
             batch.append(item)
             size += item[1].nbytes
             if size >= PUT_BATCH_BYTES:
-                await self._post(f"/{self.bucket}", "kv-put", encode_put_batch(batch))
+                await self._post(f"/{self.bucket}", KVOp.PUT, encode_put_batch(batch))
                 batch, size = [], 0
         if batch:
-            await self._post(f"/{self.bucket}", "kv-put", encode_put_batch(batch))
+            await self._post(f"/{self.bucket}", KVOp.PUT, encode_put_batch(batch))
         return len(views)
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the longest cached prefix, in chunks."""
         if not keys:
             return 0
-        resp = await self._post(f"/{self.bucket}", "kv-lookup", encode_keys(list(keys)))
-        return int((await resp.json())["hits"])
+        resp = await self._post(f"/{self.bucket}", KVOp.LOOKUP, encode_keys(list(keys)))
+        return LookupReply.from_json(await resp.json()).hits
 
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
@@ -293,24 +318,24 @@ class ObjectCacheClient:
             (float(compute_window),) if isinstance(compute_window, (int, float)) else tuple(float(w) for w in compute_window))
         mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
         region: RegisteredRegion | None = None
-        check = kind != Transport.SHM if verify is None else verify
+        check = kind != TransportKind.SHM if verify is None else verify
         started = time.perf_counter()
         resp = None
         try:
             for attempt in (1, 2):
-                if kind == Transport.SHM:
+                if kind == TransportKind.SHM:
                     region = await self._regions.acquire(payload_bytes)
-                    target = Target(Transport.SHM, region.region_id, region.token, 0, payload_bytes)
+                    target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
                     dest = region.region.view[:payload_bytes]
                 else:
-                    target = Target(Transport.HTTP, offset=0, length=payload_bytes)
+                    target = Target(TransportKind.HTTP, offset=0, length=payload_bytes)
                     dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
                     if dest.nbytes < payload_bytes:
                         raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v,
                                         layer_checksums=check)
                 try:
-                    resp = await self._post(f"/{self.bucket}", "kv-get", encode_descriptor(descriptor), stream=True)
+                    resp = await self._post(f"/{self.bucket}", KVOp.GET, encode_descriptor(descriptor), stream=True)
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or region is None or attempt == 2:
@@ -337,20 +362,20 @@ class ObjectCacheClient:
             arr = np.frombuffer(layers.payload, dtype=np.uint8).reshape(layout.num_layers, -1).copy()
             return arr, layers.stats
 
-    def _transport_kind(self, transport: str) -> Transport:
+    def _transport_kind(self, transport: str) -> TransportKind:
         if transport == "shm":
-            return Transport.SHM
+            return TransportKind.SHM
         if transport == "http":
-            return Transport.HTTP
+            return TransportKind.HTTP
         if transport == "auto":
             host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
             local = host in ("127.0.0.1", "localhost", "::1", "[::1]")
-            return Transport.SHM if local and SHM_DIR.is_dir() else Transport.HTTP
+            return TransportKind.SHM if local and SHM_DIR.is_dir() else TransportKind.HTTP
         raise ValueError(f"transport must be 'shm', 'http' or 'auto', not {transport!r}")
 
     async def status(self) -> dict:
         assert self._http is not None
-        url = f"{self.endpoint}/?kv-status"
+        url = f"{self.endpoint}/?{KVOp.STATUS}"
         headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {})
         async with self._http.get(url, headers=headers) as resp:
             if resp.status != 200:

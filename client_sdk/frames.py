@@ -1,4 +1,4 @@
-"""Reading the kv-get frame stream (``storage_server.wire``) from an HTTP response.
+"""Reading the kv-get frame stream (``protocol.wire``) from an HTTP response.
 
 DATA payloads are copied straight from the received network buffers into the
 destination (one copy, no reassembly); LAYER frames become layer-ready events.
@@ -11,8 +11,8 @@ import json
 
 from aiohttp import ClientPayloadError, StreamReader
 
-from storage_server.errors import ErrorCode, S3Error
-from storage_server.wire import FRAME_SIZE, Frame, unpack_frame
+from protocol.errors import ErrorCode, S3Error
+from protocol.wire import FRAME_SIZE, Frame, unpack_frame
 
 
 class FrameStream:
@@ -65,6 +65,3 @@ class FrameStream:
 
     async def read_json(self, frame: Frame) -> dict:
         return json.loads(await self._read_exact(frame.length))
-
-    async def skip(self, n: int) -> None:
-        await self._read_exact(n)

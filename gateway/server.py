@@ -8,20 +8,20 @@ import secrets
 
 from aiohttp import web
 
-from storage_server.backend import Backend
-from storage_server.config import Config
-from storage_server.errors import ErrorCode, S3Error
+from protocol.config import Config
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ObjectStore
 
-from .kv import handlers as kv_handlers
-from .storage_rpc import StorageServerClient
 from .auth.sigv4 import Credentials, RequestVerifier, parse_query
+from .kv import handlers as kv_handlers
 from .s3api import xml
 from .s3api.context import S3Request
 from .s3api.router import EXTENSIONS, address, route
+from .storage_rpc import StorageServerClient
 
 log = logging.getLogger("objectcache.gateway")
 
-BACKEND_KEY = web.AppKey("backend", Backend)
+STORE_KEY = web.AppKey("store", ObjectStore)
 CONFIG_KEY = web.AppKey("config", Config)
 
 
@@ -40,9 +40,9 @@ def error_response(err: S3Error, request_id: str, method: str) -> web.Response:
 class Gateway:
     """Holds the shared verifier and dispatches every request."""
 
-    def __init__(self, config: Config, backend: Backend) -> None:
+    def __init__(self, config: Config, store: ObjectStore) -> None:
         self.config = config
-        self.backend = backend
+        self.store = store
         by_key = {t.access_key: Credentials(t.access_key, t.secret_key, t.name) for t in config.tenants}
         self.verifier = RequestVerifier(by_key.get, max_skew_s=config.gateway.max_clock_skew_s)
 
@@ -56,7 +56,7 @@ class Gateway:
             auth = self.verifier.verify(request.method, raw_path, raw_query, request.headers, v2_resource)
             query = dict(parse_query(raw_query))
             handler = route(request.method, addr, query)
-            req = S3Request(request, request_id, auth, self.backend, self.config.gateway, addr.bucket, addr.key, query)
+            req = S3Request(request, request_id, auth, self.store, self.config.gateway, addr.bucket, addr.key, query)
             resp = await handler(req)
         except S3Error as err:
             if not err.resource and addr is not None:
@@ -82,17 +82,17 @@ async def _stamp_response(request: web.Request, response: web.StreamResponse) ->
 kv_handlers.register(EXTENSIONS)
 
 
-def build_app(config: Config, backend: Backend) -> web.Application:
-    gw = Gateway(config, backend)
+def build_app(config: Config, store: ObjectStore) -> web.Application:
+    gw = Gateway(config, store)
     app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536, "auto_decompress": False})
-    app[BACKEND_KEY] = backend
+    app[STORE_KEY] = store
     app[CONFIG_KEY] = config
     app[kv_handlers.RPC_KEY] = StorageServerClient(config)
     app.router.add_route("*", "/{tail:.*}", gw.handle)
     app.on_response_prepare.append(_stamp_response)
 
-    async def close_backend(_: web.Application) -> None:
-        await backend.close()
+    async def close_store(_: web.Application) -> None:
+        await store.close()
 
-    app.on_cleanup.append(close_backend)
+    app.on_cleanup.append(close_store)
     return app

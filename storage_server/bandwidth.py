@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocol.config import BandwidthConfig
 from scheduler.epochs import EpochScheduler
 from scheduler.pacing import DeficitRoundRobin, TokenBucket
 from scheduler.policies import TransferDemand
-
-from .config import BandwidthConfig
 
 GBPS = 1e9 / 8  # bytes per second in one Gbps
 

@@ -24,16 +24,17 @@ from typing import Protocol
 
 from awscrt.checksums import crc32c
 
-from .errors import ErrorCode, S3Error
-from .open_files import MissingFile, OpenFileCache
+from protocol.errors import ErrorCode, S3Error
+from protocol.wire import Descriptor, Mode, TransferStats
+
+from .store import ChunkHandle
 from .transports import Transport
-from .wire import Descriptor, Mode, TransferStats
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class Pacer(Protocol):
-    """Paces layer reads (the bandwidth pool's lease, or a test gate)."""
+    """Paces layer reads (the bandwidth pool's lease, or whatever a test injects)."""
 
     async def before_layer(self, nbytes: int) -> None: ...
 
@@ -41,65 +42,37 @@ class Pacer(Protocol):
 
 
 @dataclass
-class ChunkPlan:
-    """A validated descriptor with its chunk files open (held in the open-file cache until ``close``)."""
+class ReadPlan:
+    """What the executor reads: the descriptor, the mode chosen, and the pinned chunks' files in prefix order."""
 
     descriptor: Descriptor
-    fds: list[int]
     mode: Mode
-    paths: list[str]
-    files: OpenFileCache
+    fds: list[int]
+    offsets: list[int]  # where each chunk starts in its file
 
-    def close(self) -> None:
-        if self.fds:
-            self.fds = []
-            self.files.release(self.paths)
-
-
-def choose_mode(d: Descriptor, theta_bytes: int) -> Mode:
-    """Paper eq. 2: payloads below Θ go chunkwise, the rest layerwise."""
-    if d.mode != Mode.AUTO:
-        return d.mode
-    return Mode.CHUNKWISE if d.payload_bytes < theta_bytes else Mode.LAYERWISE
+    @classmethod
+    def of(cls, descriptor: Descriptor, mode: Mode, handles: list[ChunkHandle]) -> "ReadPlan":
+        return cls(descriptor, mode, [h.fd for h in handles], [h.offset for h in handles])
 
 
-def open_chunks(locations: list[tuple[str, int] | None], d: Descriptor, files: OpenFileCache) -> list[int]:
-    """Check every chunk exists and has size L·S, then open them all (or none); ``ChunkPlan.close`` releases them."""
-    expected = d.chunk_object_bytes
-    for key, loc in zip(d.chunk_keys, locations):
-        if loc is None:
-            raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(d.chunk_keys)})", extra={"Key": key})
-        if loc[1] != expected:
-            raise S3Error(
-                ErrorCode.KVChunkSizeMismatch,
-                f"chunk {key!r} is {loc[1]} bytes, expected num_layers*per_layer_chunk_bytes = {expected}",
-                extra={"Key": key, "ActualSize": str(loc[1]), "ExpectedSize": str(expected)},
-            )
-    try:
-        return files.acquire([loc[0] for loc in locations])  # type: ignore[index]
-    except MissingFile as e:
-        key = d.chunk_keys[e.index]
-        raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
-
-
-def _read_run(fds: list[int], first: int, last: int, file_offset: int, size: int, dest: memoryview) -> None:
+def _read_run(fds: list[int], offsets: list[int], first: int, last: int, file_offset: int, size: int, dest: memoryview) -> None:
     """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``j·size`` (prefix order)."""
     pos = first * size
     for j in range(first, last):
-        n = os.preadv(fds[j], [dest[pos : pos + size]], file_offset)
+        n = os.preadv(fds[j], [dest[pos : pos + size]], offsets[j] + file_offset)
         if n != size:
             raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}: {n} of {size} bytes")
         pos += size
 
 
-def _read_whole_chunks(fds: list[int], first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
+def _read_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
     """Scatter-read whole chunk objects into layer-major places."""
     stride = n_chunks * size
     for j in range(first, last):
         iov = [dest[layer * stride + j * size : layer * stride + (j + 1) * size] for layer in range(layers)]
         for k in range(0, layers, IOV_MAX):
             part = iov[k : k + IOV_MAX]
-            if os.preadv(fds[j], part, k * size) != size * len(part):
+            if os.preadv(fds[j], part, offsets[j] + k * size) != size * len(part):
                 raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}")
 
 
@@ -110,10 +83,9 @@ def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
 class Executor:
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
-    def __init__(self, io_threads: int, theta_bytes: int) -> None:
+    def __init__(self, io_threads: int) -> None:
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kv-read")
         self.io_threads = io_threads
-        self.theta_bytes = theta_bytes
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -123,25 +95,25 @@ class Executor:
         bounds = [n * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
-    async def _read_runs(self, fn, plan: ChunkPlan, *args) -> None:
-        """Run ``fn(fds, first, last, *args)`` over contiguous runs of chunks on the read pool.
+    async def _read_runs(self, fn, plan: ReadPlan, *args) -> None:
+        """Run ``fn(fds, offsets, first, last, *args)`` over contiguous runs of chunks on the read pool.
 
         If one run fails, the others are waited for before the error propagates,
         so no thread is still writing into a buffer the caller is about to free.
         """
         loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self.pool, fn, plan.fds, first, last, *args) for first, last in self._runs(len(plan.fds))]
+        futures = [loop.run_in_executor(self.pool, fn, plan.fds, plan.offsets, first, last, *args) for first, last in self._runs(len(plan.fds))]
         try:
             await asyncio.gather(*futures)
         except BaseException:
             await asyncio.gather(*futures, return_exceptions=True)
             raise
 
-    async def read_layer(self, plan: ChunkPlan, layer: int, dest: memoryview) -> None:
+    async def read_layer(self, plan: ReadPlan, layer: int, dest: memoryview) -> None:
         s = plan.descriptor.per_layer_chunk_bytes
         await self._read_runs(_read_run, plan, layer * s, s, dest)
 
-    async def run(self, plan: ChunkPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
+    async def run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
 
         ``pacer.before_layer(nbytes)`` is awaited before each layer is read and

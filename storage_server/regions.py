@@ -19,18 +19,13 @@ from __future__ import annotations
 import hmac
 import mmap
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .errors import ErrorCode, S3Error
-from .wire import REGION_ID_BYTES, TOKEN_BYTES
-
-SHM_DIR = Path("/dev/shm")
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-NONCE_BYTES = 16
+from protocol.errors import ErrorCode, S3Error
+from protocol.shm import NONCE_BYTES, SHM_DIR, SHM_NAME
+from protocol.wire import REGION_ID_BYTES, TOKEN_BYTES
 
 
 @dataclass
@@ -71,7 +66,7 @@ class RegionRegistry:
         region.close()
 
     def register(self, tenant: str, name: str, size: int, nonce: bytes) -> Region:
-        if not _NAME.match(name):
+        if not SHM_NAME.match(name):
             raise S3Error(ErrorCode.InvalidArgument, f"shm name {name!r} is not a plain /dev/shm file name", extra={"ArgumentName": "name"})
         if size < NONCE_BYTES:
             raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is too small", extra={"ArgumentName": "size"})

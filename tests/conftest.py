@@ -16,6 +16,7 @@ settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+from inprocess import InProcessNode, LayerGate
 from support import ServerProcess, TenantKeys, boto_client, make_tenants, write_config
 
 
@@ -29,11 +30,24 @@ def server(tmp_path_factory, tenants) -> ServerProcess:
     """One ``objectcache serve`` for the session: gateway + storage server, two tenants."""
     root = tmp_path_factory.mktemp("objectcache")
     config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()),
-                          extra=f'\n[storage_server]\nmax_keys = 4096\ntest_hooks = true\nsocket = "{root / "ss.sock"}"\n')
+                          extra=f'\n[storage_server]\nmax_keys = 4096\nsocket = "{root / "ss.sock"}"\n')
     proc = ServerProcess(config).start()
     proc.rpc_socket = str(root / "ss.sock")
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gated_node(tmp_path_factory, tenants) -> InProcessNode:
+    """A node in this process whose storage server takes its pacers from ``gated_node.gate`` (a :class:`LayerGate`)."""
+    root = tmp_path_factory.mktemp("gated")
+    config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()),
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n')
+    gate = LayerGate()
+    node = InProcessNode(config, pacers=[gate]).start()
+    node.gate = gate
+    yield node
+    node.stop()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 import botocore.auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-
 from support import TenantKeys
 
 

@@ -51,7 +51,7 @@ class ServerProcess:
         self.rpc_socket = ""
 
     def start(self, port: int = 0) -> "ServerProcess":
-        argv = [sys.executable, "-m", "gateway.cli", self.command, "--config", str(self.config)]
+        argv = [sys.executable, "-m", "objectcache", self.command, "--config", str(self.config)]
         if self.command != "storage-server":
             argv += ["--port", str(port)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=REPO,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 from .sigv4 import EMPTY_SHA256, AuthResult, PayloadMode, hmac_hex
 

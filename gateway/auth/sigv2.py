@@ -14,7 +14,7 @@ from email.utils import parsedate_to_datetime
 
 from multidict import CIMultiDictProxy
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 # Sub-resources that are part of the V2 canonical resource (as botocore signs them).
 SUBRESOURCES = frozenset(

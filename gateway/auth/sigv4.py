@@ -21,7 +21,7 @@ from urllib.parse import quote, unquote
 
 from multidict import CIMultiDictProxy
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 from . import sigv2
 

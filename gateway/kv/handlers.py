@@ -1,12 +1,13 @@
-"""KV extensions: one handler per operation, registered into the S3 router's extension table.
+"""KV extensions: one handler per operation, beside the S3 operations.
 
 * ``POST /{bucket}?kv-lookup`` — how many leading keys of a list exist (one request).
 * ``POST /{bucket}?kv-put``    — store many immutable chunk objects (one request).
 * ``POST /{bucket}?kv-get``    — forward a descriptor to the storage server and relay its frames.
 * ``POST /?kv-register`` / ``POST /?kv-unregister`` — shared-memory regions for the ``shm`` transport.
 
-The gateway authenticates, authorises and validates; the storage server
-executes. Request bodies and frames are defined in ``storage_server.wire``.
+The gateway authenticates, authorises and validates; the storage server, which
+owns the chunk store and its capacity, executes. Bodies, headers and frames are
+defined in :mod:`protocol`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,37 @@ import time
 
 from aiohttp import web
 
-from storage_server.backend import PutSpec
-from storage_server.errors import ErrorCode, S3Error
-from storage_server.wire import FRAME_SIZE, FrameType, decode_descriptor, decode_keys, decode_put_batch, json_frame, unpack_frame
+from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import (
+    FRAMES_CONTENT_TYPE,
+    HEADER_GATEWAY_S,
+    HEADER_MODE,
+    HEADER_PAYLOAD_BYTES,
+    MAX_JSON_BODY,
+    KVOp,
+    LookupReply,
+    PutReply,
+    RegisterReply,
+    RegisterRequest,
+    UnregisterRequest,
+)
+from protocol.rpc import KVGetAccepted, Op
+from protocol.wire import (
+    FRAME_SIZE,
+    FrameType,
+    decode_descriptor,
+    json_frame,
+    unpack_frame,
+)
 
 from ..s3api.context import S3Request
 from ..storage_rpc import StorageServerClient
 
-KV_CONTENT_TYPE = "application/x-objectcache-kv-chunk"
-FRAMES_CONTENT_TYPE = "application/x-objectcache-frames"
 MAX_DESCRIPTOR_BYTES = 64 << 20
 RELAY_PIECE = 1 << 20
+
+RPC_KEY = web.AppKey("storage_rpc", StorageServerClient)
+log = logging.getLogger(__name__)
 
 
 def json_response(obj: dict, status: int = 200) -> web.Response:
@@ -38,24 +59,18 @@ def rpc(req: S3Request) -> StorageServerClient:
     return req.http.app[RPC_KEY]
 
 
-RPC_KEY = web.AppKey("storage_rpc", StorageServerClient)
-log = logging.getLogger(__name__)
-
-
 async def kv_lookup(req: S3Request) -> web.Response:
     await req.owned_bucket()
-    keys = decode_keys(await req.body_bytes(MAX_DESCRIPTOR_BYTES))
-    found = await req.backend.locate(req.bucket, keys)  # type: ignore[arg-type]
-    hits = next((i for i, loc in enumerate(found) if loc is None), len(found))
-    return json_response({"hits": hits, "keys": len(keys)})
+    body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
+    reply = await rpc(req).call(Op.KV_LOOKUP, body, bucket=req.bucket)
+    return json_response(LookupReply.from_json(reply).to_json())
 
 
 async def kv_put(req: S3Request) -> web.Response:
     await req.owned_bucket()
-    items = decode_put_batch(await req.body_bytes(req.config.kv_max_put_bytes))
-    spec = PutSpec(content_type=KV_CONTENT_TYPE, immutable=True)
-    metas = await req.backend.put_many(req.bucket, [(k, data, spec) for k, data in items], req.tenant)  # type: ignore[arg-type]
-    return json_response({"stored": len(metas), "etags": [m.etag for m in metas]})
+    body = await req.body_bytes(req.config.kv_max_put_bytes)
+    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket)
+    return json_response(PutReply.from_json(reply).to_json())
 
 
 async def kv_get(req: S3Request) -> web.StreamResponse:
@@ -63,13 +78,14 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
     await req.owned_bucket()
     body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
     decode_descriptor(body)  # validate before forwarding: errors name the field
-    header, reader, writer = await rpc(req).open_stream("kv-get", body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id)
+    reply, reader, writer = await rpc(req).open_stream(Op.KV_GET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id)
     try:
+        accepted = KVGetAccepted.from_json(reply)
         resp = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
-            "x-oc-mode": header["mode"],
-            "x-oc-payload-bytes": str(header["payload_bytes"]),
-            "x-oc-gateway-s": f"{time.perf_counter() - started:.6f}",
+            HEADER_MODE: accepted.mode,
+            HEADER_PAYLOAD_BYTES: str(accepted.payload_bytes),
+            HEADER_GATEWAY_S: f"{time.perf_counter() - started:.6f}",
         })
         await resp.prepare(req.http)
         try:
@@ -119,40 +135,34 @@ async def _relay_frames(reader, resp: web.StreamResponse) -> None:
             return
 
 
-async def _json_body(req: S3Request) -> dict:
+async def _json_body(req: S3Request) -> object:
     try:
-        obj = json.loads(await req.body_bytes(64 * 1024) or b"{}")
+        return json.loads(await req.body_bytes(MAX_JSON_BODY) or b"{}")
     except ValueError:
         raise S3Error(ErrorCode.InvalidRequest, "The request body must be a JSON object.") from None
-    if not isinstance(obj, dict):
-        raise S3Error(ErrorCode.InvalidRequest, "The request body must be a JSON object.")
-    return obj
 
 
 async def kv_register(req: S3Request) -> web.Response:
-    body = await _json_body(req)
-    for f in ("name", "size", "nonce"):
-        if f not in body:
-            raise S3Error(ErrorCode.InvalidArgument, f"kv-register needs {f!r}", extra={"ArgumentName": f})
-    reply = await rpc(req).call("kv-register", tenant=req.tenant, name=body["name"], size=body["size"], nonce=body["nonce"])
-    return json_response({k: reply[k] for k in ("region_id", "token", "size")})
+    body = RegisterRequest.from_json(await _json_body(req))
+    reply = await rpc(req).call(Op.KV_REGISTER, tenant=req.tenant, **body.to_json())
+    return json_response(RegisterReply.from_json(reply).to_json())
 
 
 async def kv_unregister(req: S3Request) -> web.Response:
-    body = await _json_body(req)
-    await rpc(req).call("kv-unregister", tenant=req.tenant, region_id=body.get("region_id", ""), token=body.get("token", ""))
+    body = UnregisterRequest.from_json(await _json_body(req))
+    await rpc(req).call(Op.KV_UNREGISTER, tenant=req.tenant, **body.to_json())
     return json_response({})
 
 
 async def kv_status(req: S3Request) -> web.Response:
-    return json_response(await rpc(req).call("status"))
+    return json_response(await rpc(req).call(Op.STATUS))
 
 
 def register(extensions: dict) -> None:
     """Plug the KV operations into the router's extension table."""
-    extensions[("POST", "bucket", "kv-lookup")] = kv_lookup
-    extensions[("POST", "bucket", "kv-put")] = kv_put
-    extensions[("POST", "bucket", "kv-get")] = kv_get
-    extensions[("POST", "service", "kv-register")] = kv_register
-    extensions[("POST", "service", "kv-unregister")] = kv_unregister
-    extensions[("GET", "service", "kv-status")] = kv_status
+    extensions[("POST", "bucket", KVOp.LOOKUP)] = kv_lookup
+    extensions[("POST", "bucket", KVOp.PUT)] = kv_put
+    extensions[("POST", "bucket", KVOp.GET)] = kv_get
+    extensions[("POST", "service", KVOp.REGISTER)] = kv_register
+    extensions[("POST", "service", KVOp.UNREGISTER)] = kv_unregister
+    extensions[("GET", "service", KVOp.STATUS)] = kv_status

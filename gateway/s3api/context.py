@@ -11,10 +11,10 @@ from multidict import CIMultiDictProxy
 
 from gateway.auth.payload import body_stream
 from gateway.auth.sigv4 import AuthResult
-from storage_server.backend import Backend, BucketInfo
-from storage_server.checksums import Digester, verify_digests
-from storage_server.config import GatewayConfig
-from storage_server.errors import ErrorCode, S3Error
+from protocol.checksums import Digester, verify_digests
+from protocol.config import GatewayConfig
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import BucketInfo, ObjectStore
 
 from . import headers as h
 
@@ -41,7 +41,7 @@ class S3Request:
     http: web.Request
     request_id: str
     auth: AuthResult
-    backend: Backend
+    store: ObjectStore
     config: GatewayConfig
     bucket: str | None
     key: str | None
@@ -89,7 +89,7 @@ class S3Request:
         """The addressed bucket, if it exists and belongs to the caller's tenant."""
         name = name or self.bucket
         assert name is not None
-        info = await self.backend.get_bucket(name)
+        info = await self.store.get_bucket(name)
         if info.owner != self.tenant:
             raise S3Error(ErrorCode.AccessDenied, resource=f"/{name}")
         return info

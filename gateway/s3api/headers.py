@@ -10,9 +10,9 @@ from email.utils import parsedate_to_datetime
 
 from multidict import CIMultiDictProxy
 
-from storage_server.backend import ByteRange, ObjectMeta, PutSpec
-from storage_server.checksums import ALGORITHMS
-from storage_server.errors import ErrorCode, S3Error
+from protocol.checksums import ALGORITHMS
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
 from .xml import http_date
 

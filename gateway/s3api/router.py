@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 from .context import S3Request
 from .handlers import buckets, listing, multipart, objects

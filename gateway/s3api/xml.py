@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from email.utils import formatdate
 from typing import Any
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_REQUEST_XML = 2 * 1024 * 1024

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from dataclasses import dataclass
 
-from ..wire import FrameType, json_frame, pack_frame
+from protocol.wire import Descriptor, FrameType, json_frame, pack_frame
+
+from ..plan import Staging
+from ..regions import RegionRegistry
 
 
 class FrameSink:
@@ -40,10 +44,21 @@ class FrameSink:
         await self.send(json_frame(FrameType.ERROR, err))
 
 
+@dataclass(frozen=True)
+class OpenRequest:
+    """What a transport needs to open for one transfer: its descriptor, whose it is, where frames go."""
+
+    descriptor: Descriptor
+    tenant: str
+    frames: FrameSink
+    regions: RegionRegistry
+
+
 class Transport(abc.ABC):
     """Destination memory plus delivery for one transfer."""
 
     name: str
+    staging: Staging = Staging(in_server=False)
     # How many layer buffers rotate (a buffer is reused only after its layer was delivered); 0 = none reused.
     buffers_in_rotation: int = 0
 
@@ -53,9 +68,10 @@ class Transport(abc.ABC):
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
 
-    def staging_bytes(self, chunkwise: bool) -> int:
-        """Server memory this transport holds for the transfer's bytes (0: they go straight to the client's memory)."""
-        return 0
+    @classmethod
+    @abc.abstractmethod
+    def open(cls, request: OpenRequest) -> "Transport":
+        """The transport for one transfer (checks the client's capability where there is one)."""
 
     def layer_offset(self, layer: int) -> int:
         return self.base_offset + layer * self.layer_bytes

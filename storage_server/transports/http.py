@@ -6,8 +6,10 @@ is being sent.
 
 from __future__ import annotations
 
-from ..wire import FrameType, pack_frame
-from .base import FrameSink, Transport
+from protocol.wire import FrameType, pack_frame
+
+from ..plan import Staging
+from .base import FrameSink, OpenRequest, Transport
 
 MAX_DATA_FRAME = 8 << 20
 
@@ -15,14 +17,17 @@ MAX_DATA_FRAME = 8 << 20
 class HttpTransport(Transport):
     name = "http"
     buffers_in_rotation = 2
+    staging = Staging(in_server=True, layers_in_rotation=2)
 
     def __init__(self, frames: FrameSink, base_offset: int, layer_bytes: int, num_layers: int) -> None:
         super().__init__(frames, base_offset, layer_bytes, num_layers)
         self._buffers: list[memoryview] = []
         self._payload: memoryview | None = None
 
-    def staging_bytes(self, chunkwise: bool) -> int:
-        return self.layer_bytes * (self.num_layers if chunkwise else self.buffers_in_rotation)
+    @classmethod
+    def open(cls, request: OpenRequest) -> "HttpTransport":
+        d = request.descriptor
+        return cls(request.frames, d.target.offset, d.layer_bytes, d.num_layers)
 
     def layer_buffer(self, layer: int) -> memoryview:
         while len(self._buffers) < self.buffers_in_rotation:

@@ -7,7 +7,7 @@ intermediate copy); delivery is a small LAYER frame.
 from __future__ import annotations
 
 from ..regions import Region
-from .base import FrameSink, Transport
+from .base import FrameSink, OpenRequest, Transport
 
 
 class ShmTransport(Transport):
@@ -17,6 +17,12 @@ class ShmTransport(Transport):
         super().__init__(frames, base_offset, layer_bytes, num_layers)
         self.region = region
         region.hold()
+
+    @classmethod
+    def open(cls, request: OpenRequest) -> "ShmTransport":
+        d, t = request.descriptor, request.descriptor.target
+        region = request.regions.resolve(request.tenant, t.region_id, t.token, t.offset, d.payload_bytes)
+        return cls(request.frames, region, t.offset, d.layer_bytes, d.num_layers)
 
     def layer_buffer(self, layer: int) -> memoryview:
         start = self.layer_offset(layer)

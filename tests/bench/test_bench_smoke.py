@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -21,7 +20,7 @@ POLICIES = {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
 
 def run_bench(*args: str, tmp_path) -> dict:
     out, png = tmp_path / "result.json", tmp_path / "result.png"
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", *args, "--quick", "--json", str(out), "--plot", str(png)],
+    r = subprocess.run([sys.executable, "-m", "objectcache", "bench", *args, "--quick", "--json", str(out), "--plot", str(png)],
                        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "|---|" in r.stdout  # a Markdown table
@@ -100,7 +99,7 @@ def test_bench_s3ops(tmp_path):
 
 
 def test_bench_rejects_a_scale_that_is_not_a_power_of_two(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "ttft", "--scale", "3"],
+    r = subprocess.run([sys.executable, "-m", "objectcache", "bench", "ttft", "--scale", "3"],
                        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert r.returncode == 2 and "--scale: must be a power of two" in r.stderr
 
@@ -115,6 +114,6 @@ def _torch_gpu() -> bool:
 
 @pytest.mark.skipif(_torch_gpu(), reason="this machine can run --compute torch, so there is no refusal to check")
 def test_bench_ttft_torch_compute_says_what_it_needs(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "ttft", "--quick", "--compute", "torch"],
+    r = subprocess.run([sys.executable, "-m", "objectcache", "bench", "ttft", "--quick", "--compute", "torch"],
                        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert r.returncode != 0 and "--compute torch needs" in r.stderr

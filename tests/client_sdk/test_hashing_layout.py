@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from support import REPO
 
 from client_sdk import KVLayout, chunk_keys
-from support import REPO
 
 
 def test_keys_follow_the_documented_rolling_hash():

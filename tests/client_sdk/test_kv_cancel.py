@@ -6,9 +6,10 @@ import asyncio
 import time
 
 import pytest
+from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
+from support import boto_client
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
-from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 
 
 def uncached_fds(status: dict) -> int:
@@ -17,9 +18,10 @@ def uncached_fds(status: dict) -> int:
 
 
 @pytest.mark.parametrize("transport", ["shm", "http"])
-def test_leaving_early_frees_everything(server, tenants, s3, transport):
+def test_leaving_early_frees_everything(gated_node, tenants, transport):
+    server, gate = gated_node, gated_node.gate
     bucket = f"kv-cancel-{transport}"
-    s3.create_bucket(Bucket=bucket)
+    boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
     layout = tiny_layout(16)
     keys = keys_for(layout, 500, f"cancel-{transport}")
 
@@ -38,10 +40,10 @@ def test_leaving_early_frees_everything(server, tenants, s3, transport):
             await c.put_chunks(keys, make_chunks(layout, 500, seed=5), layout)
             await c.fetch(keys[:1], layout, transport)  # warm up: regions registered, connections open
             before = rpc(server.rpc_socket, "status")
-            assert rpc(server.rpc_socket, "test-hold", before_layer=3)["ok"]
+            gate.hold_before(3)
             async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:
                 async for idx, _ in layers:
-                    assert rpc(server.rpc_socket, "test-wait-held")["held"]
+                    assert gate.wait_held()
                     during = rpc(server.rpc_socket, "status")
                     assert len(during["transfers_active"]) == 1 and during["open_file_cache"]["in_use"] == 500
                     break  # walk away while the server is paused before layer 3
@@ -52,15 +54,16 @@ def test_leaving_early_frees_everything(server, tenants, s3, transport):
             # The region is free again: this fetch reuses it and the client can unregister it.
             payload, _ = await c.fetch(keys[:10], layout, transport)
             assert payload.shape == (layout.num_layers, 10 * layout.per_layer_chunk_bytes)
-        rpc(server.rpc_socket, "test-release")
+        gate.open()
 
     run(scenario())
 
 
-def test_a_stalled_stream_times_out_with_a_clear_error(server, tenants, s3):
+def test_a_stalled_stream_times_out_with_a_clear_error(gated_node, tenants):
     """read_timeout bounds silence, not transfer length: a server paused mid-stream raises RequestTimeout."""
+    server, gate = gated_node, gated_node.gate
     bucket = "kv-stall"
-    s3.create_bucket(Bucket=bucket)
+    boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
     layout = tiny_layout(16)
     keys = keys_for(layout, 50, "stall")
     t = tenants["alice"]
@@ -68,7 +71,7 @@ def test_a_stalled_stream_times_out_with_a_clear_error(server, tenants, s3):
     async def scenario():
         async with ObjectCacheClient(server.endpoint, t.access_key, t.secret_key, bucket=bucket, read_timeout=1.0) as c:
             await c.put_chunks(keys, make_chunks(layout, 50, seed=6), layout)
-            assert rpc(server.rpc_socket, "test-hold", before_layer=2)["ok"]
+            gate.hold_before(2)
             seen = []
             try:
                 with pytest.raises(ObjectCacheError) as e:
@@ -76,7 +79,7 @@ def test_a_stalled_stream_times_out_with_a_clear_error(server, tenants, s3):
                         async for idx, _ in layers:
                             seen.append(idx)
             finally:
-                rpc(server.rpc_socket, "test-release")
+                gate.open()
             assert e.value.code.name == "RequestTimeout" and "read_timeout" in e.value.message
             assert seen == [0, 1]
             payload, _ = await c.fetch(keys, layout, "http")  # the client is still usable

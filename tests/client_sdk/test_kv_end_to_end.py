@@ -7,11 +7,21 @@ import asyncio
 import numpy as np
 import pytest
 from awscrt.checksums import crc32c
-
-from client_sdk import KVLayout, ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from rawhttp import signed
-from storage_server.wire import FRAME_SIZE, Descriptor, FrameType, Mode, Target, Transport, encode_descriptor, unpack_frame
+from support import boto_client
+
+from client_sdk import KVLayout, ObjectCacheError
+from protocol.wire import (
+    FRAME_SIZE,
+    Descriptor,
+    FrameType,
+    Mode,
+    Target,
+    TransportKind,
+    encode_descriptor,
+    unpack_frame,
+)
 
 G_VALUES = [16, 64, 256]
 N_MAX = 3584  # a 64K-token prefix at G=16
@@ -91,28 +101,31 @@ def test_auto_mode_uses_threshold(server, tenants, stored):
 
 
 @pytest.mark.parametrize("transport", ["shm", "http"])
-def test_layer_zero_reaches_consumer_before_last_layer_is_written(server, tenants, stored, transport):
+def test_layer_zero_reaches_consumer_before_last_layer_is_written(gated_node, tenants, transport):
     """Shown with events: the server is held before writing layer L-1 until the
     consumer has received layer 0; if delivery were not layer by layer, the
     consumer would never see layer 0 while the server is held (bounded wait)."""
-    bucket, data = stored
-    layout, keys, chunks = data[16]
-    expected = reference(layout, chunks[:200])
+    bucket = f"kv-layer-order-{transport}"
+    boto_client(gated_node.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys, chunks = keys_for(layout, 200, f"order-{transport}"), make_chunks(layout, 200, seed=16)
+    expected = reference(layout, chunks)
     last = layout.num_layers - 1
+    gate = gated_node.gate
 
     async def fetch():
-        assert rpc(server.rpc_socket, "test-hold", before_layer=last)["ok"]
-        async with client(server, tenants["alice"], bucket) as c:
-            async with c.fetch_layers(keys[:200], layout, transport=transport, mode="layerwise") as layers:
+        async with client(gated_node, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, chunks, layout)
+            gate.hold_before(last)
+            async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:
                 it = layers.__aiter__()
                 idx, view = await asyncio.wait_for(it.__anext__(), 30)
                 assert idx == 0 and np.array_equal(np.frombuffer(view, np.uint8), expected[0])
                 # We hold layer 0; the server is (now, and so was then) stopped before layer L-1.
-                assert rpc(server.rpc_socket, "test-wait-held", timeout=30) == {"ok": True, "held": True}
+                assert gate.wait_held(30)
                 if transport == "shm":
                     assert not np.array_equal(np.frombuffer(layers.layer(last), np.uint8), expected[last])
-                released = rpc(server.rpc_socket, "test-release")
-                assert released == {"ok": True, "was_held": True}
+                assert gate.open()
                 rest = [i async for i, _ in it]
                 assert rest == list(range(1, layout.num_layers))
                 assert np.array_equal(np.frombuffer(layers.layer(last), np.uint8), expected[last])
@@ -244,7 +257,7 @@ def test_layer_frames_carry_crc32c_unless_the_descriptor_waives_it(server, tenan
 
     def layer_checksums(wanted: bool) -> list[int]:
         d = Descriptor(keys[:n], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
-                       Target(Transport.HTTP, length=layout.payload_bytes(n)), mode=mode, layer_checksums=wanted)
+                       Target(TransportKind.HTTP, length=layout.payload_bytes(n)), mode=mode, layer_checksums=wanted)
         r = signed(server.endpoint, tenants["alice"], "POST", f"/{bucket}?kv-get", body=encode_descriptor(d))
         assert r.status == 200
         sums, pos = {}, 0

@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-
-from client_sdk import ObjectCacheError
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
 from rawhttp import signed
-from storage_server.wire import Descriptor, Target, Transport, encode_descriptor
+
+from client_sdk import ObjectCacheError
+from protocol.wire import Descriptor, Target, TransportKind, encode_descriptor
 
 LAYOUT = tiny_layout(16, num_layers=4)
 DESCRIPTOR_FLAGS_AT = 82  # the fixed header's last field (uint16 at bytes 82..83)
@@ -37,7 +37,7 @@ def kv_bucket(server, tenants, s3):
 
 def descriptor(keys, **kw) -> Descriptor:
     n = len(keys)
-    target = kw.pop("target", Target(Transport.HTTP, length=n * LAYOUT.chunk_bytes))
+    target = kw.pop("target", Target(TransportKind.HTTP, length=n * LAYOUT.chunk_bytes))
     return Descriptor(keys, LAYOUT.num_layers, LAYOUT.chunk_tokens, LAYOUT.per_layer_chunk_bytes, target, **kw)
 
 
@@ -82,7 +82,7 @@ def test_chunk_size_mismatch_names_the_key(server, tenants, kv_bucket):
 
 def test_target_too_small(server, tenants, kv_bucket):
     bucket, keys = kv_bucket
-    d = descriptor(keys[:4], target=Target(Transport.HTTP, length=4 * LAYOUT.chunk_bytes - 1))
+    d = descriptor(keys[:4], target=Target(TransportKind.HTTP, length=4 * LAYOUT.chunk_bytes - 1))
     r, doc = kv_get(server, tenants["alice"], bucket, encode_descriptor(d))
     assert r.status == 400 and doc.findtext("Code") == "KVTargetTooSmall" and doc.findtext("Field") == "target.length"
 
@@ -96,7 +96,7 @@ def test_too_many_keys(server, tenants, kv_bucket):
 
 def test_integer_overflow(server, tenants, kv_bucket):
     bucket, keys = kv_bucket
-    d = Descriptor(keys[:4], 4, 16, 1 << 60, Target(Transport.HTTP, length=(1 << 63) - 1))
+    d = Descriptor(keys[:4], 4, 16, 1 << 60, Target(TransportKind.HTTP, length=(1 << 63) - 1))
     r, doc = kv_get(server, tenants["alice"], bucket, encode_descriptor(d))
     assert r.status == 400 and doc.findtext("Code") == "KVInvalidDescriptor"
     assert doc.findtext("Field") == "per_layer_chunk_bytes" and "overflow" in doc.findtext("Message")
@@ -118,7 +118,7 @@ def test_bad_compute_window(server, tenants, kv_bucket):
 
 def test_rdma_is_refused_clearly(server, tenants, kv_bucket):
     bucket, keys = kv_bucket
-    d = descriptor(keys[:2], target=Target(Transport.RDMA, length=2 * LAYOUT.chunk_bytes))
+    d = descriptor(keys[:2], target=Target(TransportKind.RDMA, length=2 * LAYOUT.chunk_bytes))
     r, doc = kv_get(server, tenants["alice"], bucket, encode_descriptor(d))
     assert r.status == 501 and doc.findtext("Field") == "target.transport"
 
@@ -150,7 +150,7 @@ def test_other_tenant_cannot_write_into_a_region(server, tenants, kv_bucket, s3_
             region = await alice._regions.acquire(LAYOUT.chunk_bytes * 2)
             alice._regions.release(region)
             before = bytes(region.region.view[16:])
-            stolen = Target(Transport.SHM, region.region_id, region.token, 0, 2 * LAYOUT.chunk_bytes)
+            stolen = Target(TransportKind.SHM, region.region_id, region.token, 0, 2 * LAYOUT.chunk_bytes)
             r, doc = kv_get(server, tenants["bob"], "kv-bob-own", encode_descriptor(descriptor(keys[:2], target=stolen)))
             assert r.status == 403 and doc.findtext("Code") == "AccessDenied" and doc.findtext("Field") == "target.token"
             # Right tenant, wrong token; and a range outside the region.
@@ -195,7 +195,7 @@ def test_corrupted_kv_put_body_is_refused(server, tenants, kv_bucket, s3):
 
     from awscrt.checksums import crc32c
 
-    from storage_server.wire import encode_put_batch
+    from protocol.wire import encode_put_batch
 
     bucket, _ = kv_bucket
     good = b"".join(bytes(p) for p in encode_put_batch([("err/corrupt", b"x" * LAYOUT.chunk_bytes)]))

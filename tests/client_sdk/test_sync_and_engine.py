@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+from kvsupport import keys_for, make_chunks, reference, tiny_layout
+from support import REPO
 
 from client_sdk import ObjectCacheError
 from client_sdk.engine import ObjectCacheKVConnector
 from client_sdk.sync import SyncObjectCacheClient
-from kvsupport import keys_for, make_chunks, reference, tiny_layout
-from support import REPO
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import zlib
 
 import pytest
 from botocore.exceptions import ClientError
-
 from rawhttp import chunk_signature, send, sign, signed, signing_key
 from support import TenantKeys, boto_client
 

@@ -6,7 +6,6 @@ from urllib.parse import quote
 
 import pytest
 from botocore.exceptions import ClientError
-
 from rawhttp import signed
 
 KEYS = ["a/1", "a/2", "a/b/3", "b/1", "b--x--1", "b--x--2", "c", "d/e/f", "é/ü", "sp ace/k"]

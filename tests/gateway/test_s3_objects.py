@@ -10,7 +10,6 @@ import threading
 
 import pytest
 from botocore.exceptions import ClientError
-
 from rawhttp import signed
 
 

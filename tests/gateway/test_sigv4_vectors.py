@@ -10,7 +10,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.auth.payload import body_stream
 from gateway.auth.sigv4 import Credentials, PayloadMode, RequestVerifier
-from storage_server.errors import S3Error
+from protocol.errors import S3Error
 
 EXAMPLE = Credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "example")
 EXAMPLE_TIME = float(timegm((2013, 5, 24, 0, 0, 0)))

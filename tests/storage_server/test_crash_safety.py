@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 import pytest
 from botocore.exceptions import ClientError
-
 from rawhttp import sign
 from support import ServerProcess, boto_client, make_tenants, write_config
 
@@ -151,10 +150,11 @@ def _age(path, seconds: float) -> None:
 def test_crash_leftovers_are_reclaimed_but_writes_in_progress_and_live_objects_are_not(tmp_path):
     """A crash between publishing a file and committing its row (or between a commit and the unlink of
     the file it replaced) leaves a file nothing references; it is removed once it is older than any write."""
-    from storage_server.backend import LocalDiskBackend, PutSpec
+    from storage_server.store import PutSpec
+    from storage_server.store.localdisk import LocalDiskStore
 
     async def scenario():
-        store = LocalDiskBackend(tmp_path / "data", io_threads=2)
+        store = LocalDiskStore(tmp_path / "data", io_threads=2)
         await store.create_bucket("b", "t", "us-east-1")
         meta = await store.put_object("b", "live", _body(b"live bytes"), PutSpec(), "t")
         live = Path(meta.locator)
@@ -178,14 +178,14 @@ def test_crash_leftovers_are_reclaimed_but_writes_in_progress_and_live_objects_a
 def test_opening_the_store_sweeps_only_stale_temp_files(tmp_path):
     """The gateway and the storage server both open the store: one (re)starting must not delete the
     other's upload in progress, only temp files no write has touched for an hour."""
-    from storage_server.backend import LocalDiskBackend
+    from storage_server.store.localdisk import LocalDiskStore
 
-    asyncio.run(LocalDiskBackend(tmp_path / "data", io_threads=1).close())
+    asyncio.run(LocalDiskStore(tmp_path / "data", io_threads=1).close())
     stale, in_progress = tmp_path / "data" / "tmp" / "stale", tmp_path / "data" / "tmp" / "in-progress"
     stale.write_bytes(b"x")
     in_progress.write_bytes(b"y")
     _age(stale, 2 * 3600)
-    asyncio.run(LocalDiskBackend(tmp_path / "data", io_threads=1).close())
+    asyncio.run(LocalDiskStore(tmp_path / "data", io_threads=1).close())
     assert not stale.exists() and in_progress.exists()
 
 

@@ -6,10 +6,11 @@ import asyncio
 import time
 
 import numpy as np
-
+from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+from support import boto_client, make_tenants, write_config
+
 from storage_server.staging import StagingBudget
-from support import boto_client, serving
 
 
 def test_a_transfer_waits_until_its_staging_fits_and_an_oversized_one_runs_alone():
@@ -53,7 +54,13 @@ def test_a_transfer_waits_until_its_staging_fits_and_an_oversized_one_runs_alone
 def test_http_transfers_beyond_the_staging_budget_queue_and_a_big_chunkwise_one_goes_layerwise(tmp_path):
     layout = tiny_layout(16, num_layers=4)  # S = 32 bytes
     n = 64  # a layer is 2 KiB, the payload 8 KiB
-    with serving(tmp_path, http_staging_bytes=2 * n * layout.per_layer_chunk_bytes, test_hooks=True) as (proc, tenant, sock):
+    tenant = make_tenants("t")[0]
+    sock = tmp_path / "ss.sock"
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{sock}"\nhttp_staging_bytes = {2 * n * layout.per_layer_chunk_bytes}\n'))
+    gate = LayerGate()
+    proc = InProcessNode(config, pacers=[gate]).start()
+    try:
         boto_client(proc.endpoint, tenant).create_bucket(Bucket="staging")
         keys, chunks = keys_for(layout, n, "staging"), make_chunks(layout, n, seed=9)
         expected = reference(layout, chunks)
@@ -64,18 +71,20 @@ def test_http_transfers_beyond_the_staging_budget_queue_and_a_big_chunkwise_one_
                 payload, stats = await c.fetch(keys, layout, "http", mode="chunkwise")
                 assert stats.server.mode == "layerwise" and np.array_equal(payload, expected)
 
-                assert rpc(str(sock), "test-hold", before_layer=1)["ok"]
+                gate.hold_before(1)
                 first = asyncio.ensure_future(c.fetch(keys, layout, "http", mode="layerwise"))
-                assert (await asyncio.to_thread(rpc, str(sock), "test-wait-held"))["held"]  # off the loop: the fetch must run
+                assert await asyncio.to_thread(gate.wait_held)  # off the loop: the fetch must run
                 deadline = time.monotonic() + 10
                 second = asyncio.ensure_future(c.fetch(keys, layout, "http", mode="layerwise"))
                 while rpc(str(sock), "status")["http_staging"]["transfers_waiting"] != 1 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
                 staging = rpc(str(sock), "status")["http_staging"]
                 assert staging["transfers_waiting"] == 1 and staging["held_bytes"] == staging["total_bytes"]
-                rpc(str(sock), "test-release")
+                gate.open()
                 for done in await asyncio.gather(first, second):
                     assert np.array_equal(done[0], expected)
                 assert rpc(str(sock), "status")["http_staging"]["held_bytes"] == 0
 
         run(scenario())
+    finally:
+        proc.stop()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from storage_server.backend import LocalDiskBackend, PutSpec
+from storage_server.store import PutSpec
+from storage_server.store.localdisk import LocalDiskStore
 
 N = 100_000
 
@@ -16,7 +17,7 @@ def test_hundred_thousand_keys(server, s3, bucket):
     keys = [f"dir{i % 100:02d}/obj{i:06d}" for i in range(N)]
 
     async def load() -> None:
-        store = LocalDiskBackend(data_dir, io_threads=2)
+        store = LocalDiskStore(data_dir, io_threads=2)
         spec = PutSpec()
         for start in range(0, N, 10_000):
             await store.put_many(bucket, [(k, b"", spec) for k in keys[start : start + 10_000]], "alice")

@@ -6,12 +6,12 @@ import time
 
 import numpy as np
 import pytest
+from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+from support import boto_client, serving
 
 from client_sdk.buffers import SHM_DIR, ShmRegion
-from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
-from storage_server.errors import S3Error
+from protocol.errors import S3Error
 from storage_server.regions import RegionRegistry
-from support import boto_client, serving
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 from .. import xml
 from ..context import S3Request, validate_bucket_name
@@ -22,7 +22,7 @@ async def list_buckets(req: S3Request) -> web.Response:
     prefix = req.query.get("prefix", "")
     token = req.query.get("continuation-token")
     after = decode_token(token) if token else ""
-    buckets = await req.backend.list_buckets(req.tenant, prefix, after, limit + 1)
+    buckets = await req.store.list_buckets(req.tenant, prefix, after, limit + 1)
     truncated = len(buckets) > limit
     buckets = buckets[:limit]
     return xml_response(
@@ -50,7 +50,7 @@ async def create_bucket(req: S3Request) -> web.Response:
                 f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}.",
                 resource=req.resource,
             )
-    await req.backend.create_bucket(req.bucket, req.tenant, region)
+    await req.store.create_bucket(req.bucket, req.tenant, region)
     return empty(headers={"Location": f"/{req.bucket}"})
 
 
@@ -62,7 +62,7 @@ async def head_bucket(req: S3Request) -> web.Response:
 async def delete_bucket(req: S3Request) -> web.Response:
     await req.owned_bucket()
     assert req.bucket is not None
-    await req.backend.delete_bucket(req.bucket)
+    await req.store.delete_bucket(req.bucket)
     return empty(204)
 
 

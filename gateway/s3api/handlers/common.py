@@ -6,7 +6,7 @@ import base64
 
 from aiohttp import web
 
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
 
 from ..xml import Node, document
 

@@ -6,8 +6,8 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from storage_server.backend import ListPage, ObjectMeta
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ListPage, ObjectMeta
 
 from .. import xml
 from ..context import S3Request
@@ -27,7 +27,7 @@ async def _page(req: S3Request, after: str) -> tuple[ListPage, int, str, str]:
     await req.owned_bucket()
     limit = req.int_param("max-keys", req.config.max_keys, lo=0, hi=req.config.max_keys)
     prefix, delimiter = req.query.get("prefix", ""), req.query.get("delimiter", "")
-    page = await req.backend.list_objects(req.bucket, prefix, delimiter, after, limit)  # type: ignore[arg-type]
+    page = await req.store.list_objects(req.bucket, prefix, delimiter, after, limit)  # type: ignore[arg-type]
     return page, limit, prefix, delimiter
 
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from storage_server.backend import ByteRange, UploadInfo
-from storage_server.checksums import ALGORITHMS
-from storage_server.errors import ErrorCode, S3Error
+from protocol.checksums import ALGORITHMS
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ByteRange, UploadInfo
 
 from .. import headers as h
 from .. import xml
@@ -25,7 +25,7 @@ def _owner(tenant: str) -> list[xml.Node]:
 
 async def _upload(req: S3Request) -> UploadInfo:
     await req.owned_bucket()
-    return await req.backend.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])  # type: ignore[arg-type]
+    return await req.store.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])  # type: ignore[arg-type]
 
 
 def _part_number(req: S3Request) -> int:
@@ -40,7 +40,7 @@ async def create_multipart_upload(req: S3Request) -> web.Response:
     key = req.key_checked()
     spec, _ = h.put_spec(req.headers, None)
     alg = req.headers.get("x-amz-checksum-algorithm")
-    upload = await req.backend.create_upload(req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
+    upload = await req.store.create_upload(req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
     headers = {"x-amz-checksum-algorithm": alg.upper(), "x-amz-checksum-type": "COMPOSITE"} if alg else None
     return xml_response("InitiateMultipartUploadResult", [("Bucket", req.bucket), ("Key", key), ("UploadId", upload.upload_id)], headers=headers)
 
@@ -51,7 +51,7 @@ async def upload_part(req: S3Request) -> web.Response:
     spec, trailer = h.put_spec(req.headers, req.expected_length())
     if trailer:
         spec = replace(spec, late_checksums=lambda: h.trailer_checksums(trailer, req.trailers))
-    part = await req.backend.upload_part(upload, number, req.body(), spec)
+    part = await req.store.upload_part(upload, number, req.body(), spec)
     algs = tuple(set(spec.checksum_algorithms) | set(upload.spec.checksum_algorithms))
     return empty(headers={"ETag": part.etag, **checksum_response_headers(part.checksums, algs)})
 
@@ -69,7 +69,7 @@ async def upload_part_copy(req: S3Request) -> web.Response:
         if int(last) >= src.size:
             raise S3Error(ErrorCode.InvalidRange, extra={"RangeRequested": raw, "ActualObjectSize": str(src.size)})
         rng = ByteRange(int(first), int(last) + 1)
-    part = await req.backend.upload_part_copy(upload, number, src, rng)
+    part = await req.store.upload_part_copy(upload, number, src, rng)
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in part.checksums.items()]
     return xml_response("CopyPartResult", [("ETag", part.etag), ("LastModified", xml.iso8601(part.last_modified)), *checks])
 
@@ -84,7 +84,7 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
             raise S3Error(ErrorCode.MalformedXML, "Each <Part> needs a numeric <PartNumber> and an <ETag>.")
         claimed = {a: v for a in ALGORITHMS if (v := xml.child_text(p, f"Checksum{a}"))}
         parts.append((int(number), etag.strip(), claimed))
-    meta = await req.backend.complete_upload(upload, parts)
+    meta = await req.store.complete_upload(upload, parts)
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items()]
     return xml_response(
         "CompleteMultipartUploadResult",
@@ -93,7 +93,7 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
 
 
 async def abort_multipart_upload(req: S3Request) -> web.Response:
-    await req.backend.abort_upload(await _upload(req))
+    await req.store.abort_upload(await _upload(req))
     return empty(204)
 
 
@@ -101,7 +101,7 @@ async def list_parts(req: S3Request) -> web.Response:
     upload = await _upload(req)
     limit = req.int_param("max-parts", 1000, lo=0, hi=1000)
     after = req.int_param("part-number-marker", 0, lo=0)
-    parts = await req.backend.list_parts(upload, after, limit + 1)
+    parts = await req.store.list_parts(upload, after, limit + 1)
     truncated = len(parts) > limit
     parts = parts[:limit]
     algorithm = upload.spec.checksum_algorithms[0] if upload.spec.checksum_algorithms else None
@@ -144,7 +144,7 @@ async def list_multipart_uploads(req: S3Request) -> web.Response:
     last_key, last_upload = key_marker, upload_marker
     next_key, next_upload = None, None
     while True:
-        batch = await req.backend.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)  # type: ignore[arg-type]
+        batch = await req.store.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)  # type: ignore[arg-type]
         if not batch:
             break
         for u in batch:

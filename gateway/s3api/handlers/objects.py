@@ -7,8 +7,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from storage_server.backend import ByteRange, ObjectMeta, PutSpec
-from storage_server.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
 from .. import headers as h
 from .. import xml
@@ -31,7 +31,7 @@ async def put_object(req: S3Request) -> web.Response:
         # The trailer arrives after the data; the body stream fills req.trailers
         # before it ends, and the backend verifies only after the stream ends.
         spec = replace(spec, late_checksums=lambda: h.trailer_checksums(trailer, req.trailers))
-    meta = await req.backend.put_object(req.bucket, key, req.body(), spec, req.tenant)  # type: ignore[arg-type]
+    meta = await req.store.put_object(req.bucket, key, req.body(), spec, req.tenant)  # type: ignore[arg-type]
     return empty(headers={"ETag": meta.etag, **checksum_response_headers(meta.checksums, spec.checksum_algorithms)})
 
 
@@ -74,7 +74,7 @@ def _response_plan(req: S3Request, meta: ObjectMeta) -> tuple[ByteRange | None, 
 async def get_object(req: S3Request) -> web.StreamResponse:
     await req.owned_bucket()
     # Metadata, the open file and a small object's bytes come in one backend call, all of one version.
-    reader = await req.backend.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH)  # type: ignore[arg-type]
+    reader = await req.store.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH)  # type: ignore[arg-type]
     try:
         rng, status, headers = _response_plan(req, reader.meta)
         start, end = (rng.start, rng.end) if rng else (0, reader.meta.size)
@@ -93,7 +93,7 @@ async def get_object(req: S3Request) -> web.StreamResponse:
 
 async def head_object(req: S3Request) -> web.StreamResponse:
     await req.owned_bucket()
-    meta = await req.backend.head_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
+    meta = await req.store.head_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
     rng, status, headers = _response_plan(req, meta)
     headers["Content-Length"] = str(rng.length if rng else meta.size)
     return web.Response(status=status, headers=headers)
@@ -101,7 +101,7 @@ async def head_object(req: S3Request) -> web.StreamResponse:
 
 async def delete_object(req: S3Request) -> web.Response:
     await req.owned_bucket()
-    await req.backend.delete_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
+    await req.store.delete_object(req.bucket, req.key_checked())  # type: ignore[arg-type]
     return empty(204)
 
 
@@ -124,7 +124,7 @@ async def delete_objects(req: S3Request) -> web.Response:
                                       ("Message", ErrorCode.NoSuchVersion.default_message)]))
             continue
         deletable.append(key)
-    await req.backend.delete_many(req.bucket, deletable)  # type: ignore[arg-type]
+    await req.store.delete_many(req.bucket, deletable)  # type: ignore[arg-type]
     if not quiet:
         results += [("Deleted", [("Key", key)]) for key in deletable]
     return xml_response("DeleteResult", results)
@@ -146,7 +146,7 @@ def parse_copy_source(value: str) -> tuple[str, str]:
 async def copy_source_meta(req: S3Request) -> ObjectMeta:
     bucket, key = parse_copy_source(req.headers["x-amz-copy-source"])
     await req.owned_bucket(bucket)
-    meta = await req.backend.head_object(bucket, key)
+    meta = await req.store.head_object(bucket, key)
     h.check_conditions(req.headers, meta, prefix="x-amz-copy-source-", copy_source=True)
     return meta
 
@@ -169,6 +169,6 @@ async def copy_object(req: S3Request) -> web.Response:
         spec = PutSpec(content_type=src.content_type, user_metadata=src.user_metadata, system_headers=src.system_headers)
     else:
         spec, _ = h.put_spec(req.headers, None)
-    meta = await req.backend.copy_object(src, req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
+    meta = await req.store.copy_object(src, req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items() if not meta.part_sizes]
     return xml_response("CopyObjectResult", [("ETag", meta.etag), ("LastModified", xml.iso8601(meta.last_modified)), *checks])

@@ -9,7 +9,7 @@ Durability protocol for every write (PUT, copy, multipart complete):
 4. only then acknowledge, and unlink the file the row used to point at.
 
 A crash before 3 leaves at most an unreferenced file, in ``tmp/`` (swept at
-start-up) or in ``objects/`` (:meth:`LocalDiskBackend.reclaim_orphans`); a crash
+start-up) or in ``objects/`` (:meth:`LocalDiskStore.reclaim_orphans`); a crash
 after 3 leaves the new object whole. Both sweeps spare files written within
 ``GRACE_S``: the other process may be writing them right now. Readers never see a
 row whose file is incomplete. The gateway and the storage-server daemon open
@@ -38,16 +38,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from ..checksums import Digester, composite_checksum, verify_digests
-from ..errors import ErrorCode, S3Error
-from .base import (
-    Backend,
+from protocol.checksums import Digester, composite_checksum, verify_digests
+from protocol.errors import ErrorCode, S3Error
+
+from .object_store import (
     BodyStream,
     BucketInfo,
     ByteRange,
     ListPage,
     ObjectMeta,
     ObjectReader,
+    ObjectStore,
     PartInfo,
     PutSpec,
     UploadInfo,
@@ -118,7 +119,7 @@ def _spec_from_json(s: str) -> PutSpec:
     )
 
 
-class LocalDiskBackend(Backend):
+class LocalDiskStore(ObjectStore):
     """The embedded default store (see module docstring for the durability rules)."""
 
     def __init__(self, data_dir: str | os.PathLike, io_threads: int = 16) -> None:
@@ -852,7 +853,7 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int) -> None:
 
 
 class _FileReader(ObjectReader):
-    def __init__(self, backend: LocalDiskBackend, meta: ObjectMeta, fd: int, head: bytes) -> None:
+    def __init__(self, backend: LocalDiskStore, meta: ObjectMeta, fd: int, head: bytes) -> None:
         self._backend, self.meta, self._fd, self.head = backend, meta, fd, head
 
     async def stream(self, rng: ByteRange | None = None, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:

@@ -6,10 +6,10 @@ import os
 import time
 
 import pytest
-
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
-from storage_server.open_files import MissingFile, OpenFileCache
 from support import boto_client, serving
+
+from storage_server.store.open_files import MissingFile, OpenFileCache
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 The gateway serves plain S3 through it and the storage-server daemon reads KV
 chunk objects through it. Methods are async so a network backend (upstream S3)
 fits as naturally as the local disk. Records crossing the interface are frozen
-dataclasses; failures are :class:`~storage_server.errors.S3Error`.
+dataclasses; failures are :class:`~protocol.errors.S3Error`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-
-from ..errors import ErrorCode, S3Error
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-class Backend(abc.ABC):
+class ObjectStore(abc.ABC):
     """An object store. Implementations must make writes atomic and durable."""
 
     # -- buckets -----------------------------------------------------------
@@ -163,14 +161,6 @@ class Backend(abc.ABC):
         """Delete many keys (missing ones are not an error). Backends batch this."""
         for key in keys:
             await self.delete_object(bucket, key)
-
-    async def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
-        """For each key, a local file holding its bytes and its size (None if absent).
-
-        The KV executor range-reads chunk objects through these files. A remote
-        backend answers with its bounded local cache.
-        """
-        raise S3Error(ErrorCode.NotImplemented, f"{type(self).__name__} cannot serve KV descriptors")
 
     @abc.abstractmethod
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta: ...

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from storage_server.config import Config, ConfigError, load_config, with_dev_tenant
+from protocol.config import Config, ConfigError, load_config, with_dev_tenant
 
 READY = "READY"
 
@@ -59,16 +59,15 @@ async def _run_until_signal(start) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from storage_server.daemon import open_backend
-
-    from .server import build_app
+    from gateway.server import build_app
+    from storage_server.store import open_object_store
 
     cfg, _ = with_dev_tenant(_load(args))
 
     async def start():
         # handler_cancellation: a client that disconnects cancels its handler at once,
         # which closes the relayed storage-server stream and stops the transfer.
-        runner = web.AppRunner(build_app(cfg, open_backend(cfg)), access_log=None, handler_cancellation=True)
+        runner = web.AppRunner(build_app(cfg, open_object_store(cfg)), access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, reuse_address=True)
         await site.start()
@@ -81,13 +80,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_storage_server(args: argparse.Namespace) -> int:
-    from storage_server.daemon import StorageServer, open_backend
+    from storage_server.daemon import StorageServer
+    from storage_server.store import open_chunk_source, open_object_store
 
     cfg = _load(args)
 
     async def start():
-        backend = open_backend(cfg)
-        daemon = StorageServer(cfg, backend)
+        store = open_object_store(cfg)
+        daemon = StorageServer(cfg, store, open_chunk_source(cfg, store))
         server = await daemon.start()
         where = cfg.storage_server.tcp or str(cfg.rpc_socket)
         print(f"{READY} storage-server {where}", flush=True)
@@ -95,8 +95,7 @@ def cmd_storage_server(args: argparse.Namespace) -> int:
         async def cleanup() -> None:
             server.close()
             await server.wait_closed()
-            daemon.close()
-            await backend.close()
+            await daemon.close()
 
         return cleanup
 
@@ -105,7 +104,7 @@ def cmd_storage_server(args: argparse.Namespace) -> int:
 
 
 def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "gateway.cli", role]
+    argv = [sys.executable, "-m", "objectcache", role]
     if args.config:
         argv += ["--config", args.config]
     if args.data_dir:
@@ -187,6 +186,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.cli import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="objectcache", description="S3-compatible object storage for LLM prefix KV cache")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("storage-server", help="run the storage-server daemon alone")
     _common(p, False)
     p.set_defaults(func=cmd_storage_server)
-    from bench.cli import add_subcommand
-
-    add_subcommand(sub)
+    # The benchmark harness parses its own arguments: it is imported only when asked for.
+    p = sub.add_parser("bench", help="run a benchmark (see README: Benchmarks)", add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("OBJECTCACHE_LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -57,7 +57,7 @@ class DescriptorFlag(IntFlag):
 _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS)  # a plain int: ~IntFlag only inverts the defined bits
 
 
-class Transport(IntEnum):
+class TransportKind(IntEnum):
     HTTP = 0
     SHM = 1
     RDMA = 2  # reserved: RDMA WRITE into a registered MR (separate issue)
@@ -67,7 +67,7 @@ class Transport(IntEnum):
 class Target:
     """Where the payload lands. For ``shm``: a registered region and a capability token."""
 
-    transport: Transport = Transport.HTTP
+    transport: TransportKind = TransportKind.HTTP
     region_id: bytes = bytes(REGION_ID_BYTES)
     token: bytes = bytes(TOKEN_BYTES)
     offset: int = 0
@@ -195,7 +195,7 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if version != DESCRIPTOR_VERSION:
         raise _bad("version", f"version {version} is not supported (this server speaks {DESCRIPTOR_VERSION})", ErrorCode.KVUnsupportedVersion)
     try:
-        mode_v, delivery_v, transport_v = Mode(mode), Delivery(delivery), Transport(transport)
+        mode_v, delivery_v, transport_v = Mode(mode), Delivery(delivery), TransportKind(transport)
     except ValueError as e:
         name = "mode" if mode not in Mode._value2member_map_ else "delivery" if delivery not in Delivery._value2member_map_ else "target.transport"
         raise _bad(name, str(e)) from None

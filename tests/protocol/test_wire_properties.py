@@ -7,12 +7,12 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage_server.errors import S3Error
-from storage_server.wire import (
+from protocol.errors import S3Error
+from protocol.wire import (
     Descriptor,
     Mode,
     Target,
-    Transport,
+    TransportKind,
     decode_descriptor,
     decode_keys,
     decode_put_batch,
@@ -35,7 +35,7 @@ def descriptors(draw) -> Descriptor:
     if window is None:
         window = tuple(draw(st.lists(st.floats(0, 10), min_size=layers, max_size=layers)))
     target = Target(
-        draw(st.sampled_from([Transport.HTTP, Transport.SHM])),
+        draw(st.sampled_from([TransportKind.HTTP, TransportKind.SHM])),
         draw(st.binary(min_size=16, max_size=16)),
         draw(st.binary(min_size=16, max_size=16)),
         draw(st.integers(0, 1 << 40)),

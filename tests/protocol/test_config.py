@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage_server.config import ConfigError, load_config
+from protocol.config import ConfigError, load_config
 
 
 def write(tmp_path, text: str):

@@ -8,11 +8,11 @@ import socket
 import subprocess
 import sys
 
-from support import REPO, ServerProcess, boto_client, TenantKeys
+from support import REPO, ServerProcess, TenantKeys, boto_client
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "objectcache", *args], capture_output=True, text=True, timeout=60,
                           cwd=cwd or REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 

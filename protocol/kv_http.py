@@ -1,0 +1,129 @@
+"""The KV extensions' HTTP contract: operations, headers and JSON bodies.
+
+Each KV operation is a signed S3-style request whose sub-resource names the
+operation (``POST /{bucket}?kv-get``). Binary bodies (descriptor, key list,
+put batch) are defined in :mod:`protocol.wire`; the small JSON bodies are the
+records below, which the gateway writes and the client SDK reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from .errors import ErrorCode, S3Error
+
+
+class KVOp(StrEnum):
+    """The sub-resource that selects a KV operation."""
+
+    GET = "kv-get"  # POST /{bucket}: descriptor in, frame stream out
+    PUT = "kv-put"  # POST /{bucket}: put batch in, PutReply out
+    LOOKUP = "kv-lookup"  # POST /{bucket}: key list in, LookupReply out
+    REGISTER = "kv-register"  # POST /: RegisterRequest in, RegisterReply out
+    UNREGISTER = "kv-unregister"  # POST /: UnregisterRequest in, {} out
+    STATUS = "kv-status"  # GET /: the storage server's status
+
+
+# Response headers of a kv-get (before its frames).
+HEADER_MODE = "x-oc-mode"  # "chunkwise" or "layerwise": what the server chose
+HEADER_PAYLOAD_BYTES = "x-oc-payload-bytes"  # N·L·S
+HEADER_GATEWAY_S = "x-oc-gateway-s"  # seconds the gateway spent before the first byte
+
+FRAMES_CONTENT_TYPE = "application/x-objectcache-frames"
+CHUNK_CONTENT_TYPE = "application/x-objectcache-kv-chunk"  # stored chunk objects' Content-Type
+MAX_JSON_BODY = 64 * 1024
+
+R = TypeVar("R", bound="JsonRecord")
+
+
+class JsonRecord:
+    """A dataclass that travels as a JSON object; decoding names the missing or mistyped field."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[R], obj: object) -> R:
+        if not isinstance(obj, dict):
+            raise S3Error(ErrorCode.InvalidRequest, "The request body must be a JSON object.")
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name not in obj:
+                if f.default is not dataclasses.MISSING:
+                    continue
+                raise S3Error(ErrorCode.InvalidArgument, f"{cls.__name__} needs {f.name!r}", extra={"ArgumentName": f.name})
+            values[f.name] = _checked(f.name, hints[f.name], obj[f.name])
+        return cls(**values)
+
+
+def _checked(name: str, typ: Any, value: object) -> object:
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if isinstance(value, list) and all(isinstance(v, inner) for v in value):
+            return value
+    elif origin in (typing.Union, types.UnionType):
+        if any(_ok(t, value) for t in typing.get_args(typ)):
+            return value
+    elif _ok(typ, value):
+        return value
+    raise S3Error(ErrorCode.InvalidArgument, f"{name!r} has the wrong type ({type(value).__name__})", extra={"ArgumentName": name})
+
+
+def _ok(typ: Any, value: object) -> bool:
+    if typ is type(None):
+        return value is None
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typ)
+
+
+def hex_field(name: str, value: str, nbytes: int | None = None) -> bytes:
+    """A hex-encoded binary field, checked (InvalidArgument naming it)."""
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raise S3Error(ErrorCode.InvalidArgument, f"{name!r} is not hex", extra={"ArgumentName": name}) from None
+    if nbytes is not None and len(raw) != nbytes:
+        raise S3Error(ErrorCode.InvalidArgument, f"{name!r} must be {nbytes} bytes", extra={"ArgumentName": name})
+    return raw
+
+
+@dataclass(frozen=True)
+class RegisterRequest(JsonRecord):
+    """``kv-register``: a shared-memory region the client created (see :mod:`protocol.shm`)."""
+
+    name: str
+    size: int
+    nonce: str  # hex of the region's first NONCE_BYTES
+
+
+@dataclass(frozen=True)
+class RegisterReply(JsonRecord):
+    region_id: str  # hex
+    token: str  # hex: the capability a kv-get presents
+    size: int
+
+
+@dataclass(frozen=True)
+class UnregisterRequest(JsonRecord):
+    region_id: str
+    token: str
+
+
+@dataclass(frozen=True)
+class LookupReply(JsonRecord):
+    hits: int  # how many leading keys are stored
+    keys: int  # how many keys were asked about
+
+
+@dataclass(frozen=True)
+class PutReply(JsonRecord):
+    stored: int
+    etags: list[str]

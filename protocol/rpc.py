@@ -1,0 +1,105 @@
+"""The storage-server RPC: how the gateway (and operators' tools) talk to the daemon.
+
+Over a Unix socket (or TCP), a request is one JSON line ``{"op": …, "body": n,
+…fields}`` followed by ``n`` raw body bytes (a descriptor, a key list, a put
+batch). The reply is one JSON line: ``{"ok": true, …}`` or ``{"ok": false,
+"error": {code, message, resource, extra}}``. A ``kv-get`` reply is followed by
+wire frames (:mod:`protocol.wire`) until END or ERROR, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .errors import ErrorCode, S3Error
+
+MAX_REQUEST_LINE = 1 << 20
+
+
+class Op(StrEnum):
+    PING = "ping"
+    STATUS = "status"
+    KV_GET = "kv-get"
+    KV_PUT = "kv-put"
+    KV_LOOKUP = "kv-lookup"
+    KV_REGISTER = "kv-register"
+    KV_UNREGISTER = "kv-unregister"
+
+
+@dataclass(frozen=True)
+class RpcRequest:
+    """One request line: the operation, its JSON fields and how many body bytes follow."""
+
+    op: Op
+    fields: dict[str, Any] = field(default_factory=dict)
+    body_bytes: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps({"op": self.op.value, "body": self.body_bytes, **self.fields}).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, line: bytes, max_body: int) -> "RpcRequest":
+        """Parse a request line; a malformed one raises ``InvalidRequest`` saying what is wrong."""
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise _bad("the request line is not JSON") from None
+        if not isinstance(obj, dict):
+            raise _bad("the request line must be a JSON object")
+        raw_op = obj.pop("op", None)
+        try:
+            op = Op(raw_op)
+        except ValueError:
+            raise _bad(f"unknown storage-server op {raw_op!r}") from None
+        n = obj.pop("body", 0)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= max_body:
+            raise _bad(f"body length {n!r} is not an integer in 0..{max_body}")
+        return cls(op, obj, n)
+
+    def text(self, name: str) -> str:
+        """A required string field (``InvalidRequest`` naming it if absent)."""
+        value = self.fields.get(name)
+        if not isinstance(value, str):
+            raise _bad(f"field {name!r} must be a string")
+        return value
+
+
+def _bad(message: str) -> S3Error:
+    return S3Error(ErrorCode.InvalidRequest, f"bad RPC request: {message}")
+
+
+def encode_reply(fields: dict[str, Any]) -> bytes:
+    return json.dumps({"ok": True, **fields}).encode() + b"\n"
+
+
+def encode_error(err: S3Error) -> bytes:
+    return json.dumps({"ok": False, "error": err.to_dict()}).encode() + b"\n"
+
+
+def decode_reply(line: bytes) -> dict[str, Any]:
+    """The reply's fields, or the S3Error it carries."""
+    reply = json.loads(line)
+    if not isinstance(reply, dict):
+        raise ValueError("the reply line must be a JSON object")
+    if not reply.pop("ok", False):
+        raise S3Error.from_dict(reply.get("error") or {})
+    return reply
+
+
+@dataclass(frozen=True)
+class KVGetAccepted:
+    """The reply line of an accepted kv-get, before its frames."""
+
+    mode: str
+    payload_bytes: int
+    num_layers: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "payload_bytes": self.payload_bytes, "num_layers": self.num_layers}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "KVGetAccepted":
+        return cls(str(d["mode"]), int(d["payload_bytes"]), int(d["num_layers"]))

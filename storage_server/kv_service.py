@@ -1,0 +1,227 @@
+"""The KV operations of the storage server: put, lookup, register, and the kv-get orchestration.
+
+A kv-get: decode the descriptor, open its transport (checking the client's
+capability), pin its chunks, plan the transfer (:mod:`.plan`), accept, then run
+the executor under the http staging budget and the pacers (the bandwidth
+pool's lease, and whatever the server was built with), stopping as soon as the
+client goes away. Chunks are unpinned and the transport closed on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.config import Config
+from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import (
+    LookupReply,
+    PutReply,
+    RegisterReply,
+    RegisterRequest,
+    UnregisterRequest,
+    hex_field,
+)
+from protocol.rpc import KVGetAccepted, encode_reply
+from protocol.wire import (
+    Descriptor,
+    TransferStats,
+    decode_descriptor,
+    decode_keys,
+    decode_put_batch,
+)
+from scheduler.policies import TransferDemand
+
+from .bandwidth import GBPS, BandwidthPool, Lease
+from .executor import Executor, Pacer, ReadPlan
+from .plan import TransferPlan, check_chunk_sizes, plan_transfer
+from .regions import RegionRegistry
+from .rpc_server import Reply, RpcCall
+from .staging import StagingBudget
+from .store import ChunkSource
+from .transports import (
+    FrameSink,
+    OpenRequest,
+    Transport,
+    open_transport,
+    transport_class,
+)
+
+log = logging.getLogger("objectcache.storage_server")
+
+
+@dataclass(frozen=True)
+class TransferInfo:
+    """One accepted kv-get, as pacers and status see it."""
+
+    request_id: str
+    tenant: str
+    bucket: str
+    descriptor: Descriptor
+    plan: TransferPlan
+
+    def describe(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "tenant": self.tenant, "mode": self.plan.mode.name.lower(),
+                "payload_bytes": self.descriptor.payload_bytes}
+
+
+# Builds a pacer for a transfer (or None to leave it alone). Injected by whoever builds the server.
+PacerFactory = Callable[[TransferInfo], Pacer | None]
+
+
+class Pacers:
+    """Several pacers in order."""
+
+    def __init__(self, pacers: Sequence[Pacer]) -> None:
+        self.pacers = pacers
+
+    async def before_layer(self, nbytes: int) -> None:
+        for p in self.pacers:
+            await p.before_layer(nbytes)
+
+    def after_layer(self) -> None:
+        for p in self.pacers:
+            p.after_layer()
+
+
+class KVService:
+    def __init__(self, config: Config, chunks: ChunkSource, pacers: Sequence[PacerFactory] = ()) -> None:
+        ss = config.storage_server
+        self.config = config
+        self.chunks = chunks
+        self.executor = Executor(ss.io_threads or _cpus())
+        self.regions = RegionRegistry()
+        self.staging = StagingBudget(ss.http_staging_bytes)
+        self.pacer_factories = list(pacers)
+        bw = config.bandwidth
+        self.pool = BandwidthPool(
+            bw,
+            tenant_caps={t.name: t.bandwidth_cap_gbps * GBPS for t in config.tenants if t.bandwidth_cap_gbps > 0},
+            tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
+        ) if bw.enabled else None
+        self.active: dict[str, TransferInfo] = {}
+        self.completed = 0
+        self.bytes_delivered = 0
+
+    # -- small operations --------------------------------------------------------
+    async def put(self, call: RpcCall) -> Reply:
+        items = decode_put_batch(call.body)
+        etags = await self.chunks.put_chunks(call.field("bucket"), items, call.field("tenant"))
+        return PutReply(len(etags), etags).to_json()
+
+    async def lookup(self, call: RpcCall) -> Reply:
+        keys = decode_keys(call.body)
+        return LookupReply(await self.chunks.longest_prefix(call.field("bucket"), keys), len(keys)).to_json()
+
+    async def register(self, call: RpcCall) -> Reply:
+        r = RegisterRequest.from_json(_without(call.request.fields, "tenant"))
+        region = self.regions.register(call.field("tenant"), r.name, r.size, hex_field("nonce", r.nonce))
+        return RegisterReply(region.region_id.hex(), region.token.hex(), region.size).to_json()
+
+    async def unregister(self, call: RpcCall) -> Reply:
+        r = UnregisterRequest.from_json(_without(call.request.fields, "tenant"))
+        self.regions.unregister(call.field("tenant"), hex_field("region_id", r.region_id), hex_field("token", r.token))
+        return {}
+
+    # -- kv-get ----------------------------------------------------------------------
+    async def get(self, call: RpcCall) -> Reply:
+        tenant, bucket = call.field("tenant"), call.field("bucket")
+        request_id = str(call.request.fields.get("request_id", ""))
+        d = decode_descriptor(call.body, self.config.storage_server.max_keys)
+        frames = FrameSink(call.writer)
+        transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
+        pinned = None
+        try:
+            pinned = await self.chunks.pin(bucket, d.chunk_keys)
+            check_chunk_sizes(d, [h.size for h in pinned.handles])
+            plan = plan_transfer(
+                d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
+                staging_budget=self.staging.total, pool_enabled=self.pool is not None,
+                default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
+            info = TransferInfo(request_id, tenant, bucket, d, plan)
+            # Validation passed: nothing can fail for the client's input from here on.
+            call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
+            self.active[request_id] = info
+            try:
+                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles), transport)
+                stats = await _until_disconnect(call.reader, work)
+                stats.request_id = request_id
+                await frames.end(stats.to_json())
+                self.completed += 1
+                self.bytes_delivered += d.payload_bytes
+            except S3Error as e:
+                await frames.error(e.to_dict())
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                log.info("client of %s went away; transfer stopped", request_id)
+            except Exception as e:
+                log.exception("transfer %s failed", request_id)
+                await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+            return None
+        finally:
+            self.active.pop(request_id, None)
+            if pinned is not None:
+                pinned.release()
+            transport.close()
+
+    async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
+        """Run once the transfer's staging memory fits the budget (http); waiting ends if the client leaves."""
+        async with self.staging.hold(info.plan.staging_bytes):
+            return await self._paced(info, reads, transport)
+
+    async def _paced(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
+        """Layerwise transfers join the bandwidth pool (when configured); chunkwise ones bypass it."""
+        pacers = [p for p in (make(info) for make in self.pacer_factories) if p is not None]
+        lease: Lease | None = None
+        if self.pool is not None and info.plan.paced:
+            d = info.descriptor
+            lease = await self.pool.join(info.request_id, info.tenant, TransferDemand(d.layer_bytes, info.plan.compute_per_layer_s, d.num_layers))
+            pacers.append(lease)
+        try:
+            stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
+            if lease is not None:
+                stats.allocation = lease.describe()
+            return stats
+        finally:
+            if lease is not None and self.pool is not None:
+                self.pool.leave(lease)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "regions": len(self.regions),
+            "transfers_active": [t.describe() for t in self.active.values()],
+            "transfers_completed": self.completed,
+            "bytes_delivered": self.bytes_delivered,
+            "http_staging": self.staging.status(),
+            "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
+        }
+
+    def close(self) -> None:
+        self.executor.close()
+        self.regions.close()
+
+
+def _without(fields: dict[str, Any], name: str) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k != name}
+
+
+def _cpus() -> int:
+    return os.cpu_count() or 2
+
+
+async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
+    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(reader.read(1))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ConnectionAbortedError("the gateway closed the stream")
+        return task.result()
+    finally:
+        watcher.cancel()

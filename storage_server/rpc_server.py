@@ -1,0 +1,82 @@
+"""The storage server's RPC listener: one JSON request line (+ body) in, one reply line out.
+
+It knows the envelope (:mod:`protocol.rpc`) and nothing of the operations:
+each :class:`~protocol.rpc.Op` maps to a handler. A handler returns the reply's
+fields, or ``None`` when it has streamed its own response (kv-get), after which
+the connection closes. Every failure answers an error reply; a malformed line
+never drops the connection with a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.errors import ErrorCode, S3Error
+from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, encode_error, encode_reply
+
+log = logging.getLogger("objectcache.storage_server.rpc")
+
+Reply = dict[str, Any] | None  # None: the handler streamed its own response
+
+
+@dataclass
+class RpcCall:
+    """One request: its envelope, its raw body, and the connection (for streaming replies)."""
+
+    request: RpcRequest
+    body: bytes
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def field(self, name: str) -> str:
+        return self.request.text(name)
+
+
+RpcHandler = Callable[[RpcCall], Awaitable[Reply]]
+
+
+class RpcServer:
+    def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int) -> None:
+        self.handlers = dict(handlers)
+        self.max_body = max_body
+
+    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    request = RpcRequest.decode(line, self.max_body)
+                    body = await reader.readexactly(request.body_bytes) if request.body_bytes else b""
+                    reply = await self.handlers[request.op](RpcCall(request, body, reader, writer))
+                    if reply is None:
+                        break  # streamed; one streaming request per connection
+                    out = encode_reply(reply)
+                except S3Error as e:
+                    out = encode_error(e)
+                except Exception as e:  # a bug, not bad input: answer, log, keep serving
+                    log.exception("RPC request failed")
+                    out = encode_error(S3Error(ErrorCode.InternalError, f"storage server error: {e.__class__.__name__}"))
+                writer.write(out)
+                await writer.drain()
+        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
+            pass
+        except ValueError:  # a request line longer than MAX_REQUEST_LINE
+            writer.write(encode_error(S3Error(ErrorCode.InvalidRequest, f"bad RPC request: line longer than {MAX_REQUEST_LINE} bytes")))
+        finally:
+            writer.close()
+
+    async def listen(self, socket_path: str, tcp: str = "") -> asyncio.AbstractServer:
+        """Listen on ``tcp`` ("host:port") if given, else on a 0600 Unix socket."""
+        if tcp:
+            host, _, port = tcp.rpartition(":")
+            return await asyncio.start_server(self.serve_connection, host, int(port), limit=MAX_REQUEST_LINE)
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        os.makedirs(os.path.dirname(socket_path) or ".", exist_ok=True)
+        server = await asyncio.start_unix_server(self.serve_connection, socket_path, limit=MAX_REQUEST_LINE)
+        os.chmod(socket_path, 0o600)
+        return server

@@ -1,0 +1,36 @@
+"""Storage behind two small interfaces.
+
+* :class:`ObjectStore` — buckets, objects, listing and multipart: what the S3 API needs.
+* :class:`ChunkSource` — the KV path: longest-prefix lookup, batched puts, pinned chunks to range-read.
+
+:mod:`.factory` opens the implementation ``store.backend`` names.
+"""
+
+from .chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from .factory import open_chunk_source, open_object_store
+from .object_store import (
+    BucketInfo,
+    ByteRange,
+    ListPage,
+    ObjectMeta,
+    ObjectStore,
+    PartInfo,
+    PutSpec,
+    UploadInfo,
+)
+
+__all__ = [
+    "BucketInfo",
+    "ByteRange",
+    "ChunkHandle",
+    "ChunkSource",
+    "ListPage",
+    "ObjectMeta",
+    "ObjectStore",
+    "PartInfo",
+    "PinnedChunks",
+    "PutSpec",
+    "UploadInfo",
+    "open_chunk_source",
+    "open_object_store",
+]

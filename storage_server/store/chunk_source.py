@@ -1,0 +1,63 @@
+"""The KV path's view of storage: longest-prefix lookup, batched puts, and pinned chunks to range-read.
+
+The storage server is the one process that owns KV chunk capacity, so every
+KV put, lookup and read goes through this interface (the gateway serves plain
+S3 through :class:`~storage_server.store.object_store.ObjectStore`). A chunk
+source hands the executor *pinned* chunks: open handles it can range-read
+into a destination. A pinned chunk is never evicted or deleted from under a
+transfer; :meth:`PinnedChunks.release` unpins.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ChunkHandle:
+    """Where one chunk object's bytes can be read: ``size`` bytes of file ``fd`` from ``offset``."""
+
+    fd: int
+    offset: int
+    size: int
+
+
+@dataclass
+class PinnedChunks:
+    """Chunks held for one transfer, in the order they were asked for. Release exactly once."""
+
+    handles: list[ChunkHandle]
+    _unpin: Callable[[], None] | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        unpin, self._unpin = self._unpin, None
+        if unpin is not None:
+            unpin()
+
+
+class ChunkSource(abc.ABC):
+    """Immutable KV chunk objects of one store, as the descriptor executor needs them."""
+
+    @abc.abstractmethod
+    async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
+        """How many leading ``keys`` are stored (NoSuchBucket if the bucket is missing)."""
+
+    @abc.abstractmethod
+    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
+        """Store immutable chunks durably (an identical re-put is a no-op, different bytes are refused); their ETags."""
+
+    @abc.abstractmethod
+    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+        """Pin every key's chunk for reading, all or none; NoSuchKey names the first missing key."""
+
+    async def housekeeping(self) -> dict[str, int]:
+        """Periodic clean-up (idle handles of deleted chunks, …); returns counts worth logging."""
+        return {}
+
+    def status(self) -> dict[str, object]:
+        return {}
+
+    async def close(self) -> None:
+        """Release every handle (pinned chunks must have been released)."""

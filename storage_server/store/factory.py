@@ -1,0 +1,58 @@
+"""Open the configured store: ``store.backend`` selects the implementation.
+
+The gateway opens only the object store (plain S3); the storage server opens
+both, the chunk source on top of the object store it owns.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.config import Config, ConfigError
+
+from .chunk_source import ChunkSource
+from .object_store import ObjectStore
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How to open one kind of store."""
+
+    object_store: Callable[[Config], ObjectStore]
+    chunk_source: Callable[[Config, ObjectStore], ChunkSource]
+
+
+def _local_store(config: Config) -> ObjectStore:
+    from .localdisk import LocalDiskStore
+
+    return LocalDiskStore(config.data_dir, io_threads=config.store.io_threads)
+
+
+def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
+    from .localdisk import LocalDiskStore
+    from .localdisk_chunks import LocalDiskChunkSource
+
+    assert isinstance(store, LocalDiskStore)
+    # Chunk files kept open between transfers, bounded by half the process's file limit.
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit))
+
+
+BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks)}
+
+
+def _backend(config: Config) -> Backend:
+    try:
+        return BACKENDS[config.store.backend]
+    except KeyError:
+        raise ConfigError(f"store.backend: unknown backend {config.store.backend!r} (supported: {', '.join(BACKENDS)})") from None
+
+
+def open_object_store(config: Config) -> ObjectStore:
+    return _backend(config).object_store(config)
+
+
+def open_chunk_source(config: Config, store: ObjectStore) -> ChunkSource:
+    return _backend(config).chunk_source(config, store)
