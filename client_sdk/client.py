@@ -44,7 +44,6 @@ from protocol.wire import (
     Descriptor,
     FrameType,
     Mode,
-    Target,
     TransferStats,
     TransportKind,
     encode_descriptor,
@@ -52,7 +51,8 @@ from protocol.wire import (
     encode_put_batch,
 )
 
-from .buffers import RegionPool, RegisteredRegion, ShmRegion
+from .buffers import ShmRegion
+from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .frames import FrameStream
 from .layout import KVLayout
 
@@ -177,7 +177,9 @@ class ObjectCacheClient:
         self._http: aiohttp.ClientSession | None = None
         self._s3_ctx = None
         self.s3: Any = None  # aiobotocore S3 client for plain S3 calls
-        self._regions = RegionPool(self._register_region)
+        self._destinations: dict[TransportKind, Destinations] = {
+            d.kind: d for d in (HttpDestinations(), ShmDestinations(self._register_region))
+        }
 
     async def __aenter__(self) -> "ObjectCacheClient":
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False,
@@ -195,7 +197,7 @@ class ObjectCacheClient:
         await self.close()
 
     async def close(self) -> None:
-        for r in self._regions.close():
+        for r in [r for d in self._destinations.values() for r in d.close()]:
             with contextlib.suppress(Exception):
                 await self._post("/", KVOp.UNREGISTER, _json(UnregisterRequest(r.region_id.hex(), r.token.hex())))
         if self._s3_ctx is not None:
@@ -317,33 +319,27 @@ class ObjectCacheClient:
         window: tuple[float, ...] = () if compute_window is None else (
             (float(compute_window),) if isinstance(compute_window, (int, float)) else tuple(float(w) for w in compute_window))
         mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
-        region: RegisteredRegion | None = None
-        check = kind != TransportKind.SHM if verify is None else verify
+        destinations = self._destinations[kind]
+        check = destinations.verify_by_default if verify is None else verify
         started = time.perf_counter()
         resp = None
+        dest: Destination | None = None
         try:
             for attempt in (1, 2):
-                if kind == TransportKind.SHM:
-                    region = await self._regions.acquire(payload_bytes)
-                    target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
-                    dest = region.region.view[:payload_bytes]
-                else:
-                    target = Target(TransportKind.HTTP, offset=0, length=payload_bytes)
-                    dest = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
-                    if dest.nbytes < payload_bytes:
-                        raise ValueError(f"out has {dest.nbytes} bytes; the payload needs {payload_bytes}")
-                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, target, window, mode_v,
+                dest = await destinations.acquire(payload_bytes, out)
+                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
                                         layer_checksums=check)
                 try:
                     resp = await self._post(f"/{self.bucket}", KVOp.GET, encode_descriptor(descriptor), stream=True)
                     break
                 except S3Error as e:
-                    if e.code != ErrorCode.KVNoSuchRegion or region is None or attempt == 2:
+                    if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
                         raise
                     # The storage server restarted and forgot our region: register afresh, retry once.
-                    self._regions.forget(region)
-                    region = None
-            stream = LayerStream(resp, dest, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
+                    destinations.forget(dest)
+                    dest = None
+            assert resp is not None and dest is not None
+            stream = LayerStream(resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
@@ -351,8 +347,8 @@ class ObjectCacheClient:
         finally:
             if resp is not None:
                 resp.release()
-            if region is not None:
-                self._regions.release(region)
+            if dest is not None:
+                destinations.release(dest)
 
     async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
         """Load everything and return a copy of the payload as ``(L, N·S)`` uint8 plus stats."""
@@ -363,15 +359,14 @@ class ObjectCacheClient:
             return arr, layers.stats
 
     def _transport_kind(self, transport: str) -> TransportKind:
-        if transport == "shm":
-            return TransportKind.SHM
-        if transport == "http":
-            return TransportKind.HTTP
         if transport == "auto":
             host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
             local = host in ("127.0.0.1", "localhost", "::1", "[::1]")
             return TransportKind.SHM if local and SHM_DIR.is_dir() else TransportKind.HTTP
-        raise ValueError(f"transport must be 'shm', 'http' or 'auto', not {transport!r}")
+        kind = TransportKind.__members__.get(transport.upper()) if transport.islower() else None
+        if kind not in self._destinations:
+            raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
+        return kind
 
     async def status(self) -> dict:
         assert self._http is not None

@@ -8,7 +8,7 @@ exactly ``L · S`` bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,13 +56,6 @@ class KVLayout:
     @property
     def numpy_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPE[self.dtype])
-
-    def chunk_shape(self) -> tuple[int, int, int, int, int]:
-        """(L, 2, G, n_kv, d): KV_L2TD."""
-        return (self.num_layers, 2, self.chunk_tokens, self.kv_heads, self.head_dim)
-
-    def with_chunk_tokens(self, chunk_tokens: int) -> "KVLayout":
-        return replace(self, chunk_tokens=chunk_tokens)
 
     @classmethod
     def preset(cls, model: str, chunk_tokens: int = 16, dtype: str = "bfloat16") -> "KVLayout":

@@ -100,11 +100,6 @@ class Descriptor:
     def chunk_object_bytes(self) -> int:
         return self.num_layers * self.per_layer_chunk_bytes
 
-    def compute_for_layer(self, layer: int) -> float | None:
-        if not self.compute_window:
-            return None
-        return self.compute_window[0] if len(self.compute_window) == 1 else self.compute_window[layer]
-
 
 def _bad(field_name: str, message: str, code: ErrorCode = ErrorCode.KVInvalidDescriptor) -> S3Error:
     return S3Error(code, f"{field_name}: {message}", extra={"Field": field_name})

@@ -147,8 +147,9 @@ def test_other_tenant_cannot_write_into_a_region(server, tenants, kv_bucket, s3_
     async def scenario():
         async with client(server, tenants["alice"], bucket) as alice, client(server, tenants["bob"], "kv-bob-own") as bob:
             await bob.put_chunks(keys[:2], make_chunks(LAYOUT, 2, seed=9), LAYOUT)
-            region = await alice._regions.acquire(LAYOUT.chunk_bytes * 2)
-            alice._regions.release(region)
+            regions = alice._destinations[TransportKind.SHM].pool
+            region = await regions.acquire(LAYOUT.chunk_bytes * 2)
+            regions.release(region)
             before = bytes(region.region.view[16:])
             stolen = Target(TransportKind.SHM, region.region_id, region.token, 0, 2 * LAYOUT.chunk_bytes)
             r, doc = kv_get(server, tenants["bob"], "kv-bob-own", encode_descriptor(descriptor(keys[:2], target=stolen)))

@@ -11,6 +11,7 @@ from support import boto_client, serving
 
 from client_sdk.buffers import SHM_DIR, ShmRegion
 from protocol.errors import S3Error
+from protocol.wire import TransportKind
 from storage_server.regions import RegionRegistry
 
 
@@ -73,7 +74,7 @@ def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_pat
                 await c.put_chunks(keys, chunks, layout)
                 await c.fetch(keys, layout, "shm")
                 # Registered, the segment's name is gone: a crash here leaks nothing in /dev/shm.
-                assert not [p for p in SHM_DIR.glob("objectcache-*") if p.name in {r.region.name for r in c._regions._regions}]
+                assert not [p for p in SHM_DIR.glob("objectcache-*") if p.name in {r.region.name for r in c._destinations[TransportKind.SHM].pool._regions}]
                 assert rpc(str(sock), "status")["regions"] == 1
                 deadline = time.monotonic() + 10
                 while rpc(str(sock), "status")["regions"] and time.monotonic() < deadline:

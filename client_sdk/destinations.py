@@ -1,0 +1,86 @@
+"""Where a fetch's payload lands, one kind per transport: the client side of the transport registry.
+
+A destination gives the descriptor its ``target`` and the SDK the memory the
+layers appear in. ``shm`` lends a registered shared-memory region (the server
+writes into it); ``http`` is ordinary memory the SDK fills from DATA frames.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.wire import Target, TransportKind
+
+from .buffers import RegionPool, RegisteredRegion, ShmRegion
+
+
+@dataclass
+class Destination:
+    """One fetch's memory and the descriptor target naming it."""
+
+    target: Target
+    view: memoryview
+    region: RegisteredRegion | None = None  # shm: the region lent to this fetch
+
+
+class Destinations(abc.ABC):
+    """Hands out destinations of one transport kind."""
+
+    kind: TransportKind
+    # Verify each layer's CRC32C unless the caller says otherwise: where the bytes crossed sockets.
+    verify_by_default: bool
+
+    @abc.abstractmethod
+    async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination: ...
+
+    def release(self, dest: Destination) -> None:
+        """The fetch is over: the memory may be reused."""
+
+    def forget(self, dest: Destination) -> None:
+        """The server no longer knows this destination (it restarted): never reuse it."""
+
+    def close(self) -> list[RegisteredRegion]:
+        """Free everything; the regions the server should be told to unregister."""
+        return []
+
+
+class HttpDestinations(Destinations):
+    kind = TransportKind.HTTP
+    verify_by_default = True
+
+    async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
+        view = memoryview(out).cast("B")[:payload_bytes] if out is not None else memoryview(bytearray(payload_bytes))
+        if view.nbytes < payload_bytes:
+            raise ValueError(f"out has {view.nbytes} bytes; the payload needs {payload_bytes}")
+        return Destination(Target(TransportKind.HTTP, offset=0, length=payload_bytes), view)
+
+
+class ShmDestinations(Destinations):
+    kind = TransportKind.SHM
+    verify_by_default = False  # the server writes the very pages this process reads
+
+    def __init__(self, register: Callable[[ShmRegion], Awaitable[tuple[bytes, bytes]]]) -> None:
+        self.pool = RegionPool(register)
+
+    async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
+        if out is not None:
+            raise ValueError("out is for the http transport; over shm the payload lands in a registered region")
+        region = await self.pool.acquire(payload_bytes)
+        target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
+        return Destination(target, region.region.view[:payload_bytes], region)
+
+    def release(self, dest: Destination) -> None:
+        if dest.region is not None:
+            self.pool.release(dest.region)
+
+    def forget(self, dest: Destination) -> None:
+        if dest.region is not None:
+            self.pool.forget(dest.region)
+            dest.region = None
+
+    def close(self) -> list[RegisteredRegion]:
+        return self.pool.close()
