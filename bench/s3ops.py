@@ -24,16 +24,7 @@ import time
 
 import numpy as np
 
-from .harness import (
-    add_bench_parser,
-    finish,
-    grouped_bars,
-    print_table,
-    print_targets,
-    progress,
-    s3_client,
-    start_server,
-)
+from .harness import add_bench_parser, finish, grouped_bars, print_table, print_targets, progress, s3_client, start_server
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
 CONCURRENCY = (1, 16)

@@ -32,18 +32,7 @@ from client_sdk import ObjectCacheClient, chunk_keys
 from scheduler import POLICIES, TransferDemand, added_stall, allocate
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import (
-    BenchServer,
-    add_bench_parser,
-    finish,
-    grouped_bars,
-    llama_layout,
-    power_of_two,
-    print_table,
-    print_targets,
-    progress,
-    start_server,
-)
+from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, start_server
 
 GBPS = 1e9 / 8
 CHUNK_TOKENS = 64

@@ -23,16 +23,7 @@ import numpy as np
 from client_sdk import ObjectCacheClient, chunk_keys
 
 from .compute_model import modelled_ttft, per_layer_seconds
-from .harness import (
-    REPO,
-    add_bench_parser,
-    finish,
-    llama_layout,
-    power_of_two,
-    print_table,
-    progress,
-    start_server,
-)
+from .harness import REPO, add_bench_parser, finish, llama_layout, power_of_two, print_table, progress, start_server
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_synthetic_trace_sample.jsonl"
 BLOCK_TOKENS = 512

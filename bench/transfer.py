@@ -24,18 +24,7 @@ import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from .harness import (
-    add_bench_parser,
-    finish,
-    grouped_bars,
-    llama_layout,
-    power_of_two,
-    print_table,
-    print_targets,
-    progress,
-    s3_client,
-    start_server,
-)
+from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .wire import shm_descriptor, time_codec
 
 CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.5), (65536, 0.875)]

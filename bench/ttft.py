@@ -30,18 +30,7 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
-from .harness import (
-    add_bench_parser,
-    finish,
-    grouped_bars,
-    llama_layout,
-    power_of_two,
-    print_table,
-    print_targets,
-    progress,
-    s3_client,
-    start_server,
-)
+from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .transfer import s3_cw
 
 PATHS = ("opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW")

@@ -7,13 +7,7 @@ import os
 import statistics
 import time
 
-from protocol.wire import (
-    Descriptor,
-    Target,
-    TransportKind,
-    decode_descriptor,
-    encode_descriptor,
-)
+from protocol.wire import Descriptor, Target, TransportKind, decode_descriptor, encode_descriptor
 
 from .harness import add_bench_parser, finish, grouped_bars, print_table
 

@@ -29,27 +29,9 @@ from botocore.credentials import Credentials
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import (
-    HEADER_GATEWAY_S,
-    HEADER_MODE,
-    HEADER_PAYLOAD_BYTES,
-    KVOp,
-    LookupReply,
-    RegisterReply,
-    RegisterRequest,
-    UnregisterRequest,
-)
+from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterRequest, UnregisterRequest
 from protocol.shm import SHM_DIR
-from protocol.wire import (
-    Descriptor,
-    FrameType,
-    Mode,
-    TransferStats,
-    TransportKind,
-    encode_descriptor,
-    encode_keys,
-    encode_put_batch,
-)
+from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations

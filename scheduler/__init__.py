@@ -6,13 +6,6 @@ rates = allocate("calibrated-stall-opt", demands, capacity=B, margin=delta)  # b
 ```
 """
 
-from .policies import (
-    POLICIES,
-    TransferDemand,
-    added_stall,
-    allocate,
-    objective,
-    water_fill,
-)
+from .policies import POLICIES, TransferDemand, added_stall, allocate, objective, water_fill
 
 __all__ = ["POLICIES", "TransferDemand", "added_stall", "allocate", "objective", "water_fill"]

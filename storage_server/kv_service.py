@@ -18,22 +18,9 @@ from typing import Any
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import (
-    LookupReply,
-    PutReply,
-    RegisterReply,
-    RegisterRequest,
-    UnregisterRequest,
-    hex_field,
-)
+from protocol.kv_http import LookupReply, PutReply, RegisterReply, RegisterRequest, UnregisterRequest, hex_field
 from protocol.rpc import KVGetAccepted, encode_reply
-from protocol.wire import (
-    Descriptor,
-    TransferStats,
-    decode_descriptor,
-    decode_keys,
-    decode_put_batch,
-)
+from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_keys, decode_put_batch
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
@@ -43,13 +30,7 @@ from .regions import RegionRegistry
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource
-from .transports import (
-    FrameSink,
-    OpenRequest,
-    Transport,
-    open_transport,
-    transport_class,
-)
+from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
 
 log = logging.getLogger("objectcache.storage_server")
 

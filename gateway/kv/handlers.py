@@ -33,13 +33,7 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
-from protocol.wire import (
-    FRAME_SIZE,
-    FrameType,
-    decode_descriptor,
-    json_frame,
-    unpack_frame,
-)
+from protocol.wire import FRAME_SIZE, FrameType, decode_descriptor, json_frame, unpack_frame
 
 from ..s3api.context import S3Request
 from ..storage_rpc import StorageServerClient

@@ -8,16 +8,7 @@
 
 from .chunk_source import ChunkHandle, ChunkSource, PinnedChunks
 from .factory import open_chunk_source, open_object_store
-from .object_store import (
-    BucketInfo,
-    ByteRange,
-    ListPage,
-    ObjectMeta,
-    ObjectStore,
-    PartInfo,
-    PutSpec,
-    UploadInfo,
-)
+from .object_store import BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectStore, PartInfo, PutSpec, UploadInfo
 
 __all__ = [
     "BucketInfo",

@@ -41,18 +41,7 @@ from typing import TypeVar
 from protocol.checksums import Digester, composite_checksum, verify_digests
 from protocol.errors import ErrorCode, S3Error
 
-from .object_store import (
-    BodyStream,
-    BucketInfo,
-    ByteRange,
-    ListPage,
-    ObjectMeta,
-    ObjectReader,
-    ObjectStore,
-    PartInfo,
-    PutSpec,
-    UploadInfo,
-)
+from .object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectReader, ObjectStore, PartInfo, PutSpec, UploadInfo
 
 T = TypeVar("T")
 

@@ -12,16 +12,7 @@ from rawhttp import signed
 from support import boto_client
 
 from client_sdk import KVLayout, ObjectCacheError
-from protocol.wire import (
-    FRAME_SIZE,
-    Descriptor,
-    FrameType,
-    Mode,
-    Target,
-    TransportKind,
-    encode_descriptor,
-    unpack_frame,
-)
+from protocol.wire import FRAME_SIZE, Descriptor, FrameType, Mode, Target, TransportKind, encode_descriptor, unpack_frame
 
 G_VALUES = [16, 64, 256]
 N_MAX = 3584  # a 64K-token prefix at G=16

@@ -8,18 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import S3Error
-from protocol.wire import (
-    Descriptor,
-    Mode,
-    Target,
-    TransportKind,
-    decode_descriptor,
-    decode_keys,
-    decode_put_batch,
-    encode_descriptor,
-    encode_keys,
-    encode_put_batch,
-)
+from protocol.wire import Descriptor, Mode, Target, TransportKind, decode_descriptor, decode_keys, decode_put_batch, encode_descriptor, encode_keys, encode_put_batch
 
 key_text = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), min_size=1, max_size=60)
 keys_st = st.lists(key_text, min_size=1, max_size=50)
