@@ -128,7 +128,7 @@ class KVService:
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
             self.active[request_id] = info
             try:
-                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles), transport)
+                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id = request_id
                 await frames.end(stats.to_json())

@@ -23,14 +23,17 @@ class TransferPlan:
     staging_bytes: int  # server memory held for the transfer's bytes (0: they go straight to the client)
     paced: bool  # joins the bandwidth pool
     compute_per_layer_s: float
+    piece_chunks: int  # layerwise: chunks read and delivered at a time
 
 
 @dataclass(frozen=True)
 class Staging:
-    """How a transport holds bytes in this server: none, or ``layers_in_rotation`` layers (the whole payload chunkwise)."""
+    """How a transport holds bytes in this server: not at all, or in rotating pieces of bounded size
+    (layerwise) and the whole payload (chunkwise)."""
 
     in_server: bool
-    layers_in_rotation: int = 0
+    pieces_in_rotation: int = 0
+    max_piece_bytes: int = 0
 
 
 def check_chunk_sizes(d: Descriptor, sizes: Sequence[int]) -> None:
@@ -50,11 +53,23 @@ def plan_transfer(d: Descriptor, *, theta_bytes: int, staging: Staging, staging_
     mode = d.mode
     if mode == Mode.AUTO:
         mode = Mode.CHUNKWISE if d.payload_bytes < theta_bytes else Mode.LAYERWISE
-    if staging.in_server and mode == Mode.CHUNKWISE and d.payload_bytes > staging_budget:
-        mode = Mode.LAYERWISE
-    staged = 0
+    n, s = len(d.chunk_keys), d.per_layer_chunk_bytes
+    piece_chunks, staged = n, 0
     if staging.in_server:
-        staged = d.layer_bytes * (d.num_layers if mode == Mode.CHUNKWISE else staging.layers_in_rotation)
+        if mode == Mode.CHUNKWISE and d.payload_bytes > staging_budget:
+            mode = Mode.LAYERWISE
+        if mode == Mode.CHUNKWISE:
+            staged = d.payload_bytes
+        else:
+            if s * staging.pieces_in_rotation > staging_budget:
+                raise S3Error(ErrorCode.KVInvalidDescriptor,
+                              f"per_layer_chunk_bytes: {s} bytes per chunk slice cannot be staged within this server's http staging "
+                              f"budget ({staging_budget} bytes for {staging.pieces_in_rotation} pieces); use the shm transport",
+                              extra={"Field": "per_layer_chunk_bytes"})
+            piece_cap = min(staging.max_piece_bytes, staging_budget // staging.pieces_in_rotation)
+            piece_chunks = max(1, min(n, piece_cap // s))
+            pieces = -(-n // piece_chunks) * d.num_layers
+            staged = piece_chunks * s * min(staging.pieces_in_rotation, pieces)
     window = d.compute_window
     compute = sum(window) / len(window) if window else default_compute_per_layer_s
-    return TransferPlan(mode, staged, pool_enabled and mode == Mode.LAYERWISE, compute)
+    return TransferPlan(mode, staged, pool_enabled and mode == Mode.LAYERWISE, compute, piece_chunks)

@@ -55,17 +55,24 @@ class OpenRequest:
 
 
 class Transport(abc.ABC):
-    """Destination memory plus delivery for one transfer."""
+    """Destination memory plus delivery for one transfer.
+
+    Layerwise, the executor reads each layer in pieces (runs of whole chunks)
+    into :meth:`piece_buffer`, hands each to :meth:`deliver_piece` and, after a
+    layer's last piece, calls :meth:`layer_ready`. Chunkwise, it reads the whole
+    payload into :meth:`payload_buffer` and calls :meth:`deliver_payload`.
+    """
 
     name: str
     staging: Staging = Staging(in_server=False)
-    # How many layer buffers rotate (a buffer is reused only after its layer was delivered); 0 = none reused.
+    # How many piece buffers rotate (one is reused only after its piece was delivered); 0 = none reused.
     buffers_in_rotation: int = 0
 
-    def __init__(self, frames: FrameSink, base_offset: int, layer_bytes: int, num_layers: int) -> None:
+    def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         self.frames = frames
         self.base_offset = base_offset
-        self.layer_bytes = layer_bytes
+        self.chunk_bytes = chunk_bytes  # S: one chunk's slice of one layer
+        self.layer_bytes = chunk_bytes * num_chunks
         self.num_layers = num_layers
 
     @classmethod
@@ -76,23 +83,30 @@ class Transport(abc.ABC):
     def layer_offset(self, layer: int) -> int:
         return self.base_offset + layer * self.layer_bytes
 
+    def piece_offset(self, layer: int, first: int) -> int:
+        """Where chunk ``first`` of ``layer`` lands in the destination."""
+        return self.layer_offset(layer) + first * self.chunk_bytes
+
     @abc.abstractmethod
-    def layer_buffer(self, layer: int) -> memoryview:
-        """Memory for layer ``layer`` ([N][S] bytes). Valid until that layer is delivered."""
+    def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:
+        """Memory for slice ``layer`` of chunks first..last-1. Valid until that piece is delivered."""
 
     @abc.abstractmethod
     def payload_buffer(self) -> memoryview:
         """Memory for the whole [L][N][S] payload (chunkwise mode)."""
 
-    @abc.abstractmethod
-    async def deliver(self, layer: int, data: memoryview, checksum: int) -> None:
-        """Make layer ``layer`` visible to the client and notify it, in layer order."""
+    async def deliver_piece(self, layer: int, first: int, data: memoryview) -> None:
+        """Make a piece visible to the client (nothing to do where it was read into the client's memory)."""
+
+    async def layer_ready(self, layer: int, checksum: int) -> None:
+        """Notify the client that ``layer`` is complete, in layer order."""
+        await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, checksum)
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         """Chunkwise: the whole payload, then every layer's notification at the end."""
         for layer, crc in enumerate(checksums):
-            view = data[layer * self.layer_bytes : (layer + 1) * self.layer_bytes]
-            await self.deliver(layer, view, crc)
+            await self.deliver_piece(layer, 0, data[layer * self.layer_bytes : (layer + 1) * self.layer_bytes])
+            await self.layer_ready(layer, crc)
 
     def close(self) -> None:
         """Release buffers and pins."""

@@ -1,7 +1,10 @@
-"""``http``: layer bytes travel as DATA frames in the response stream, then a LAYER frame.
+"""``http``: payload bytes travel as DATA frames in the response stream, then a LAYER frame per layer.
 
-Two staging buffers alternate, so reads of layer ℓ+1 proceed while layer ℓ
-is being sent.
+Layers are staged in this server in bounded pieces (runs of whole chunks, at most
+``MAX_PIECE_BYTES`` and at most half the staging budget each, see
+:mod:`storage_server.plan`); two piece buffers alternate, so the read of one
+piece overlaps the sending of the previous one, and a transfer's staging memory
+never depends on how large a layer is.
 """
 
 from __future__ import annotations
@@ -12,27 +15,34 @@ from ..plan import Staging
 from .base import FrameSink, OpenRequest, Transport
 
 MAX_DATA_FRAME = 8 << 20
+MAX_PIECE_BYTES = 8 << 20
 
 
 class HttpTransport(Transport):
     name = "http"
     buffers_in_rotation = 2
-    staging = Staging(in_server=True, layers_in_rotation=2)
+    staging = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=MAX_PIECE_BYTES)
 
-    def __init__(self, frames: FrameSink, base_offset: int, layer_bytes: int, num_layers: int) -> None:
-        super().__init__(frames, base_offset, layer_bytes, num_layers)
-        self._buffers: list[memoryview] = []
+    def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
+        super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)
+        self._buffers: list[bytearray] = []
+        self._turn = 0
         self._payload: memoryview | None = None
 
     @classmethod
     def open(cls, request: OpenRequest) -> "HttpTransport":
         d = request.descriptor
-        return cls(request.frames, d.target.offset, d.layer_bytes, d.num_layers)
+        return cls(request.frames, d.target.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
 
-    def layer_buffer(self, layer: int) -> memoryview:
-        while len(self._buffers) < self.buffers_in_rotation:
-            self._buffers.append(memoryview(bytearray(self.layer_bytes)))
-        return self._buffers[layer % 2]
+    def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:
+        nbytes = (last - first) * self.chunk_bytes
+        slot = self._turn % self.buffers_in_rotation
+        self._turn += 1
+        if slot == len(self._buffers):
+            self._buffers.append(bytearray(nbytes))
+        elif len(self._buffers[slot]) < nbytes:
+            self._buffers[slot] = bytearray(nbytes)
+        return memoryview(self._buffers[slot])[:nbytes]
 
     def payload_buffer(self) -> memoryview:
         if self._payload is None:
@@ -44,14 +54,13 @@ class HttpTransport(Transport):
             piece = data[i : i + MAX_DATA_FRAME]
             await self.frames.send(pack_frame(FrameType.DATA, 0, offset + i, len(piece)), piece)
 
-    async def deliver(self, layer: int, data: memoryview, checksum: int) -> None:
-        await self._send_data(self.layer_offset(layer), data)
-        await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, checksum)
+    async def deliver_piece(self, layer: int, first: int, data: memoryview) -> None:
+        await self._send_data(self.piece_offset(layer, first), data)
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         await self._send_data(self.base_offset, data)
         for layer, crc in enumerate(checksums):
-            await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, crc)
+            await self.layer_ready(layer, crc)
 
     def close(self) -> None:
         self._buffers.clear()

@@ -1,7 +1,7 @@
 """``shm``: the client and the storage server share a registered memory region on one host.
 
 Range reads land directly in the region (``preadv`` into the mapped view: no
-intermediate copy); delivery is a small LAYER frame.
+intermediate copy), a whole layer at a time; delivery is a small LAYER frame.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from .base import FrameSink, OpenRequest, Transport
 class ShmTransport(Transport):
     name = "shm"
 
-    def __init__(self, frames: FrameSink, region: Region, base_offset: int, layer_bytes: int, num_layers: int) -> None:
-        super().__init__(frames, base_offset, layer_bytes, num_layers)
+    def __init__(self, frames: FrameSink, region: Region, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
+        super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)
         self.region = region
         region.hold()
 
@@ -22,17 +22,18 @@ class ShmTransport(Transport):
     def open(cls, request: OpenRequest) -> "ShmTransport":
         d, t = request.descriptor, request.descriptor.target
         region = request.regions.resolve(request.tenant, t.region_id, t.token, t.offset, d.payload_bytes)
-        return cls(request.frames, region, t.offset, d.layer_bytes, d.num_layers)
+        return cls(request.frames, region, t.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
 
-    def layer_buffer(self, layer: int) -> memoryview:
-        start = self.layer_offset(layer)
-        return self.region.view[start : start + self.layer_bytes]
+    def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:
+        start = self.piece_offset(layer, first)
+        return self.region.view[start : start + (last - first) * self.chunk_bytes]
 
     def payload_buffer(self) -> memoryview:
         return self.region.view[self.base_offset : self.base_offset + self.layer_bytes * self.num_layers]
 
-    async def deliver(self, layer: int, data: memoryview, checksum: int) -> None:
-        await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, checksum)
+    async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
+        for layer, crc in enumerate(checksums):
+            await self.layer_ready(layer, crc)
 
     def close(self) -> None:
         self.region.release()

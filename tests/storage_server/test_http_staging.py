@@ -8,8 +8,9 @@ import time
 import numpy as np
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
-from support import boto_client, make_tenants, write_config
+from support import boto_client, make_tenants, serving, write_config
 
+from client_sdk import KVLayout
 from storage_server.staging import StagingBudget
 
 
@@ -88,3 +89,37 @@ def test_http_transfers_beyond_the_staging_budget_queue_and_a_big_chunkwise_one_
         run(scenario())
     finally:
         proc.stop()
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's high-water mark of resident memory (VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_http_staging_memory_stays_within_the_budget_however_large_a_layer_is(tmp_path):
+    """A layer far larger than the staging budget (512 copies of one 128 KiB chunk key in one 64 MiB layer)
+    is read and sent in pieces: the storage server's peak memory grows by about the budget, not by the layer
+    (staging whole layers, two at a time, took 128 MiB here; the audit took a server to 3.4 GB this way)."""
+    layout = KVLayout(num_layers=1, chunk_tokens=64, kv_heads=8, head_dim=128, dtype="uint8")  # S = 128 KiB
+    n, budget = 512, 4 << 20
+    with serving(tmp_path, http_staging_bytes=budget) as (proc, tenant, sock):
+        boto_client(proc.endpoint, tenant).create_bucket(Bucket="big-layer")
+        key, chunk = keys_for(layout, 1, "big-layer")[0], make_chunks(layout, 1, seed=11)[0]
+        expected = reference(layout, [chunk] * n)
+        pid = rpc(str(sock), "status")["pid"]
+
+        async def scenario():
+            async with client(proc, tenant, "big-layer") as c:
+                await c.put_chunks([key], [chunk], layout)
+                before = peak_rss_bytes(pid)
+                for mode in ("layerwise", "chunkwise"):  # chunkwise is over the budget: sent layerwise
+                    payload, stats = await c.fetch([key] * n, layout, "http", mode=mode)
+                    assert stats.server.mode == "layerwise" and np.array_equal(payload, expected)
+                grown = peak_rss_bytes(pid) - before
+                assert grown < 4 * budget, f"the storage server's peak memory grew by {grown >> 20} MiB for a {budget >> 20} MiB budget"
+                assert rpc(str(sock), "status")["http_staging"]["held_bytes"] == 0
+
+        run(scenario())

@@ -10,7 +10,7 @@ from storage_server.plan import Staging, check_chunk_sizes, plan_transfer
 
 S = 1024  # per-layer chunk bytes
 L = 4
-HTTP = Staging(in_server=True, layers_in_rotation=2)
+HTTP = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=1 << 30)
 SHM = Staging(in_server=False)
 
 
@@ -38,15 +38,31 @@ def test_shm_stages_nothing_in_the_server():
     assert plan(descriptor(100, Mode.LAYERWISE), SHM, budget=1).staging_bytes == 0
 
 
-def test_http_stages_two_layers_layerwise_and_the_whole_payload_chunkwise():
-    assert plan(descriptor(3, Mode.LAYERWISE), HTTP).staging_bytes == 2 * 3 * S
+def test_http_stages_two_pieces_layerwise_and_the_whole_payload_chunkwise():
+    p = plan(descriptor(3, Mode.LAYERWISE), HTTP)
+    assert p.piece_chunks == 3 and p.staging_bytes == 2 * 3 * S  # a small layer is one piece
     assert plan(descriptor(3, Mode.CHUNKWISE), HTTP).staging_bytes == L * 3 * S
+
+
+def test_http_pieces_are_runs_of_whole_chunks_bounded_by_the_piece_size_and_half_the_budget():
+    small_pieces = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=2 * S + 1)
+    p = plan(descriptor(5, Mode.LAYERWISE), small_pieces)
+    assert p.piece_chunks == 2 and p.staging_bytes == 2 * 2 * S
+    p = plan(descriptor(100, Mode.LAYERWISE), HTTP, budget=6 * S)
+    assert p.piece_chunks == 3 and p.staging_bytes == 6 * S  # never more than the budget, however large the layer
+
+
+def test_a_chunk_slice_that_cannot_be_staged_within_the_budget_is_refused_naming_the_field():
+    with pytest.raises(S3Error) as e:
+        plan(descriptor(4, Mode.LAYERWISE), HTTP, budget=2 * S - 1)
+    assert e.value.code == ErrorCode.KVInvalidDescriptor and e.value.extra["Field"] == "per_layer_chunk_bytes"
+    assert plan(descriptor(4, Mode.LAYERWISE), SHM, budget=1).piece_chunks == 4  # shm stages nothing
 
 
 def test_a_chunkwise_http_payload_larger_than_the_whole_budget_is_sent_layerwise():
     d = descriptor(8, Mode.CHUNKWISE)
     p = plan(d, HTTP, budget=d.payload_bytes - 1)
-    assert p.mode == Mode.LAYERWISE and p.staging_bytes == 2 * 8 * S
+    assert p.mode == Mode.LAYERWISE and p.staging_bytes <= d.payload_bytes - 1
     assert plan(d, HTTP, budget=d.payload_bytes).mode == Mode.CHUNKWISE  # exactly fits: stays chunkwise
 
 
