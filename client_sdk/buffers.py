@@ -1,57 +1,59 @@
 """Client memory the storage server writes into.
 
-``ShmRegion`` is a ``/dev/shm`` file mapped into this process; after it is
-registered, the storage server (on the same host) maps the same pages and
-reads chunk slices straight into them. Regions are registered once and
-reused; ``RegionPool`` hands one to each concurrent fetch.
+``ShmRegion`` is a sealed memfd mapped into this process: it has no name, so
+nobody else can find it, and it can never shrink, so the storage server's
+mapping of it can never fault. After it is handed over (:mod:`protocol.shm`),
+the storage server on the same host maps the same pages and reads chunk slices
+straight into them. The memory goes back to the system when the last mapping
+does, even if this process crashes. Regions are registered once and reused;
+``RegionPool`` hands one to each concurrent fetch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import mmap
 import os
-import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from protocol.shm import NONCE_BYTES, SHM_DIR
+from protocol.errors import ErrorCode, S3Error
+from protocol.rpc import decode_reply
+from protocol.shm import REQUIRED_SEALS
 
 PAGE = mmap.PAGESIZE
 
 
 class ShmRegion:
-    """A private (0600) shared-memory file.
-
-    Its name is removed as soon as the storage server has mapped it
-    (:meth:`unlink`), so the memory goes back to the system when the last
-    mapping does, even if this process crashes.
-    """
+    """A sealed memfd of ``size`` bytes, mapped here; ``fd`` is kept until the hand-over (:meth:`handed_over`)."""
 
     def __init__(self, size: int) -> None:
-        self.size = max(size, NONCE_BYTES)
-        self.name = f"objectcache-{os.getpid()}-{secrets.token_hex(8)}"
-        self.path = SHM_DIR / self.name
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.size = max(size, PAGE)
+        self.fd: int | None = os.memfd_create("objectcache-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, self.size)
-            self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            os.ftruncate(self.fd, self.size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
+            self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.view = memoryview(self.mm)
-        self.nonce = secrets.token_bytes(NONCE_BYTES)
-        self.mm[:NONCE_BYTES] = self.nonce  # proves to the server that we can write this segment
 
-    def unlink(self) -> None:
-        self.path.unlink(missing_ok=True)
+    def handed_over(self) -> None:
+        """The server has mapped the memory (or refused it): this process needs only its own mapping."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def close(self) -> None:
+        self.handed_over()
         self.view.release()
         try:
             self.mm.close()
         except BufferError:
             pass  # a caller still holds a view; the mapping goes with the process
-        self.path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -86,7 +88,7 @@ class RegionPool:
                     region.close()
                     raise
                 finally:
-                    region.unlink()  # registered (mapped by the server) or refused: the name is no longer needed
+                    region.handed_over()
                 r = RegisteredRegion(region, region_id, token)
                 self._regions.append(r)
             r.busy = True
@@ -106,3 +108,20 @@ class RegionPool:
         for r in regions:
             r.region.close()
         return regions
+
+
+def hand_over(socket_path: str, ticket: bytes, fd: int, timeout: float = 10.0) -> dict:
+    """Step 2 of a registration: give the storage server the memfd with its ticket; the reply's fields."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(socket_path)
+        except OSError as e:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"cannot reach the storage server's shm hand-over socket ({e.strerror}): "
+                          "shm needs the storage server on this host; use transport='http'") from None
+        socket.send_fds(s, [ticket], [fd])
+        with s.makefile("rb") as f:
+            line = f.readline()
+    if not line:
+        raise S3Error(ErrorCode.ServiceUnavailable, "the storage server closed the shm hand-over without answering")
+    return decode_reply(line)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Sequence
@@ -29,11 +30,10 @@ from botocore.credentials import Credentials
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterRequest, UnregisterRequest
-from protocol.shm import SHM_DIR
+from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
-from .buffers import ShmRegion
+from .buffers import ShmRegion, hand_over
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .frames import FrameStream
 from .layout import KVLayout
@@ -229,8 +229,11 @@ class ObjectCacheClient:
         return resp
 
     async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
-        resp = await self._post("/", KVOp.REGISTER, _json(RegisterRequest(region.name, region.size, region.nonce.hex())))
-        reply = RegisterReply.from_json(await resp.json())
+        """Ask for a ticket (signed), then hand the memfd over on this host (:mod:`protocol.shm`)."""
+        resp = await self._post("/", KVOp.REGISTER, _json(RegisterRequest(region.size)))
+        ticket = RegisterTicket.from_json(await resp.json())
+        assert region.fd is not None
+        reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     # -- public API -----------------------------------------------------------------
@@ -344,7 +347,7 @@ class ObjectCacheClient:
         if transport == "auto":
             host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
             local = host in ("127.0.0.1", "localhost", "::1", "[::1]")
-            return TransportKind.SHM if local and SHM_DIR.is_dir() else TransportKind.HTTP
+            return TransportKind.SHM if local and hasattr(os, "memfd_create") else TransportKind.HTTP
         kind = TransportKind.__members__.get(transport.upper()) if transport.islower() else None
         if kind not in self._destinations:
             raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")

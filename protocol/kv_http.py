@@ -52,6 +52,9 @@ class JsonRecord:
         if not isinstance(obj, dict):
             raise S3Error(ErrorCode.InvalidRequest, "The request body must be a JSON object.")
         hints = typing.get_type_hints(cls)
+        unknown = sorted(set(obj) - set(hints))
+        if unknown:
+            raise S3Error(ErrorCode.InvalidArgument, f"{cls.__name__} has no field {unknown[0]!r}", extra={"ArgumentName": str(unknown[0])})
         values = {}
         for f in fields(cls):  # type: ignore[arg-type]
             if f.name not in obj:
@@ -97,11 +100,18 @@ def hex_field(name: str, value: str, nbytes: int | None = None) -> bytes:
 
 @dataclass(frozen=True)
 class RegisterRequest(JsonRecord):
-    """``kv-register``: a shared-memory region the client created (see :mod:`protocol.shm`)."""
+    """``kv-register``: the size of a memfd region the client is about to hand over (see :mod:`protocol.shm`)."""
 
-    name: str
     size: int
-    nonce: str  # hex of the region's first NONCE_BYTES
+
+
+@dataclass(frozen=True)
+class RegisterTicket(JsonRecord):
+    """Where and with what one-time ticket to hand the memfd over."""
+
+    socket: str  # the storage server's hand-over Unix socket
+    ticket: str  # hex, TICKET_BYTES
+    size: int
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from protocol.rpc import Op
 
 from .kv_service import KVService, PacerFactory
 from .rpc_server import Reply, RpcCall, RpcServer
+from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
 
 log = logging.getLogger("objectcache.storage_server")
@@ -43,10 +44,12 @@ class StorageServer:
             Op.KV_REGISTER: self.kv.register,
             Op.KV_UNREGISTER: self.kv.unregister,
         }, max_body=max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes))
+        self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
 
     async def start(self) -> asyncio.AbstractServer:
         self._housekeeper = asyncio.ensure_future(self.housekeeping())
+        await self.handover.start()
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp)
 
     async def housekeeping(self) -> None:
@@ -86,6 +89,7 @@ class StorageServer:
     async def close(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        self.handover.close()
         self.kv.close()
         await self.chunks.close()
         await self.store.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import LookupReply, PutReply, RegisterReply, RegisterRequest, UnregisterRequest, hex_field
+from protocol.kv_http import LookupReply, PutReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_keys, decode_put_batch
 from scheduler.policies import TransferDemand
@@ -73,6 +73,7 @@ class KVService:
     def __init__(self, config: Config, chunks: ChunkSource, pacers: Sequence[PacerFactory] = ()) -> None:
         ss = config.storage_server
         self.config = config
+        self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
         self.executor = Executor(ss.io_threads or _cpus())
         self.regions = RegionRegistry()
@@ -99,9 +100,10 @@ class KVService:
         return LookupReply(await self.chunks.longest_prefix(call.field("bucket"), keys), len(keys)).to_json()
 
     async def register(self, call: RpcCall) -> Reply:
+        """Step 1 of an shm registration: a ticket to hand the memory over with (:mod:`protocol.shm`)."""
         r = RegisterRequest.from_json(_without(call.request.fields, "tenant"))
-        region = self.regions.register(call.field("tenant"), r.name, r.size, hex_field("nonce", r.nonce))
-        return RegisterReply(region.region_id.hex(), region.token.hex(), region.size).to_json()
+        ticket = self.regions.offer(call.field("tenant"), r.size)
+        return RegisterTicket(self.handover_socket, ticket.secret.hex(), ticket.size).to_json()
 
     async def unregister(self, call: RpcCall) -> Reply:
         r = UnregisterRequest.from_json(_without(call.request.fields, "tenant"))
@@ -183,6 +185,11 @@ class KVService:
     def close(self) -> None:
         self.executor.close()
         self.regions.close()
+
+
+def handover_socket_path(config: Config) -> str:
+    """The shm hand-over socket lives beside the RPC socket."""
+    return f"{config.rpc_socket}-shm"
 
 
 def _without(fields: dict[str, Any], name: str) -> dict[str, Any]:

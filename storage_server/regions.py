@@ -1,12 +1,13 @@
 """Registered client memory regions and the capabilities that let the server write into them.
 
-A client on the same host creates a shared-memory file, writes a random nonce
-at its start and registers ``(name, size, nonce)``. The server maps the file
-and checks the nonce, which proves the registering tenant can write the
-segment (another tenant cannot point the server at memory it does not own).
-Registration returns a region id and a secret token; a ``kv-get`` must present
-both, and may only target ``[offset, offset+length)`` inside the region, and
-only for the tenant that registered it.
+A client on the same host hands over a sealed memfd (:mod:`protocol.shm`): the
+tenant asks for a one-time ticket through the signed HTTP API (:meth:`offer`),
+then passes the ticket and the descriptor over the hand-over socket
+(:meth:`complete`). The server maps exactly that memory, which can never shrink
+under it, and never opens memory by name. Registration returns a region id and a
+secret token; a ``kv-get`` must present both, may only target
+``[offset, offset+length)`` inside the region, and only for the tenant that
+registered it.
 
 A client that crashes never unregisters, so a region that has carried no
 transfer for ``idle_s`` seconds is dropped (:meth:`RegionRegistry.expire`),
@@ -16,16 +17,20 @@ rather than being refused. The SDK re-registers when told ``KVNoSuchRegion``.
 
 from __future__ import annotations
 
+import fcntl
 import hmac
 import mmap
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 
 from protocol.errors import ErrorCode, S3Error
-from protocol.shm import NONCE_BYTES, SHM_DIR, SHM_NAME
+from protocol.shm import REQUIRED_SEALS, TICKET_BYTES, TICKET_TTL_S
 from protocol.wire import REGION_ID_BYTES, TOKEN_BYTES
+
+MAX_PENDING_PER_TENANT = 16
 
 
 @dataclass
@@ -33,7 +38,6 @@ class Region:
     region_id: bytes
     token: bytes
     tenant: str
-    name: str
     size: int
     mm: mmap.mmap
     view: memoryview = field(init=False)
@@ -56,42 +60,69 @@ class Region:
         self.mm.close()
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """A tenant's promise to hand over ``size`` bytes of memory, redeemable once before ``expires``."""
+
+    secret: bytes
+    tenant: str
+    size: int
+    expires: float
+
+
+def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
+    """Map ``size`` bytes of a memfd that can never shrink; anything else is refused with a clear error."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        seals = 0
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or seals & REQUIRED_SEALS != REQUIRED_SEALS:
+        raise S3Error(ErrorCode.InvalidArgument, "the handed-over memory must be a memfd sealed with F_SEAL_SHRINK and F_SEAL_SEAL",
+                      extra={"ArgumentName": "fd"})
+    if st.st_size < size:
+        raise S3Error(ErrorCode.InvalidArgument, f"the handed-over memfd has {st.st_size} bytes, fewer than the {size} registered",
+                      extra={"ArgumentName": "size"})
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 class RegionRegistry:
     def __init__(self, max_regions_per_tenant: int = 64) -> None:
         self._regions: dict[bytes, Region] = {}
+        self._tickets: dict[bytes, Ticket] = {}
         self.max_per_tenant = max_regions_per_tenant
 
     def _drop(self, region: Region) -> None:
         del self._regions[region.region_id]
         region.close()
 
-    def register(self, tenant: str, name: str, size: int, nonce: bytes) -> Region:
-        if not SHM_NAME.match(name):
-            raise S3Error(ErrorCode.InvalidArgument, f"shm name {name!r} is not a plain /dev/shm file name", extra={"ArgumentName": "name"})
-        if size < NONCE_BYTES:
-            raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is too small", extra={"ArgumentName": "size"})
-        mine = [r for r in self._regions.values() if r.tenant == tenant]
+    def offer(self, tenant: str, size: int, now: float | None = None) -> Ticket:
+        """Step 1 (signed HTTP): a one-time ticket for handing over ``size`` bytes."""
+        if not 1 <= size <= 1 << 46:
+            raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is out of range", extra={"ArgumentName": "size"})
+        now = time.monotonic() if now is None else now
+        self._tickets = {k: t for k, t in self._tickets.items() if t.expires > now}
+        if sum(t.tenant == tenant for t in self._tickets.values()) >= MAX_PENDING_PER_TENANT:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {MAX_PENDING_PER_TENANT} registrations pending; complete them first")
+        ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S)
+        self._tickets[ticket.secret] = ticket
+        return ticket
+
+    def complete(self, secret: bytes, fd: int, now: float | None = None) -> Region:
+        """Step 2 (hand-over socket): redeem the ticket with the memory itself. ``fd`` stays the caller's to close."""
+        now = time.monotonic() if now is None else now
+        ticket = self._tickets.pop(secret, None)
+        if ticket is None or ticket.expires <= now:
+            raise S3Error(ErrorCode.AccessDenied, "the registration ticket is unknown, used or expired; ask for a new one")
+        mm = map_sealed_memfd(fd, ticket.size)
+        mine = [r for r in self._regions.values() if r.tenant == ticket.tenant]
         if len(mine) >= self.max_per_tenant:
             idle = [r for r in mine if not r.in_use]
             if not idle:
-                raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {self.max_per_tenant} registered regions, all in use")
+                mm.close()
+                raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {ticket.tenant!r} has {self.max_per_tenant} registered regions, all in use")
             self._drop(min(idle, key=lambda r: r.last_used))
-        path = SHM_DIR / name
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError as e:
-            raise S3Error(ErrorCode.InvalidArgument, f"cannot open shared memory {name!r}: {e.strerror}", extra={"ArgumentName": "name"}) from None
-        try:
-            actual = os.fstat(fd).st_size
-            if actual < size:
-                raise S3Error(ErrorCode.InvalidArgument, f"shared memory {name!r} is {actual} bytes, not {size}", extra={"ArgumentName": "size"})
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        if not hmac.compare_digest(mm[:NONCE_BYTES], nonce):
-            mm.close()
-            raise S3Error(ErrorCode.AccessDenied, "registration nonce does not match the region's first bytes")
-        region = Region(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES), tenant, name, size, mm)
+        region = Region(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES), ticket.tenant, ticket.size, mm)
         self._regions[region.region_id] = region
         return region
 

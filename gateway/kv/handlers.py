@@ -28,8 +28,8 @@ from protocol.kv_http import (
     KVOp,
     LookupReply,
     PutReply,
-    RegisterReply,
     RegisterRequest,
+    RegisterTicket,
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
@@ -139,7 +139,7 @@ async def _json_body(req: S3Request) -> object:
 async def kv_register(req: S3Request) -> web.Response:
     body = RegisterRequest.from_json(await _json_body(req))
     reply = await rpc(req).call(Op.KV_REGISTER, tenant=req.tenant, **body.to_json())
-    return json_response(RegisterReply.from_json(reply).to_json())
+    return json_response(RegisterTicket.from_json(reply).to_json())
 
 
 async def kv_unregister(req: S3Request) -> web.Response:

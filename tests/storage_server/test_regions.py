@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import boto_client, serving
 
-from client_sdk.buffers import SHM_DIR, ShmRegion
+from client_sdk.buffers import ShmRegion
 from protocol.errors import S3Error
 from protocol.wire import TransportKind
 from storage_server.regions import RegionRegistry
@@ -29,7 +30,8 @@ def segments():
 
 
 def register(registry: RegionRegistry, segment: ShmRegion, tenant: str = "t"):
-    return registry.register(tenant, segment.name, segment.size, segment.nonce)
+    """Both steps: the ticket (signed HTTP in real life), then the hand-over of the memfd."""
+    return registry.complete(registry.offer(tenant, segment.size).secret, segment.fd)
 
 
 def test_idle_regions_expire_but_regions_in_use_do_not(segments):
@@ -73,8 +75,8 @@ def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_pat
             async with client(proc, tenant, "regions") as c:
                 await c.put_chunks(keys, chunks, layout)
                 await c.fetch(keys, layout, "shm")
-                # Registered, the segment's name is gone: a crash here leaks nothing in /dev/shm.
-                assert not [p for p in SHM_DIR.glob("objectcache-*") if p.name in {r.region.name for r in c._destinations[TransportKind.SHM].pool._regions}]
+                # Registered, the client keeps no descriptor: the memory lives only in the two mappings.
+                assert [r.region.fd for r in c._destinations[TransportKind.SHM].pool._regions] == [None]
                 assert rpc(str(sock), "status")["regions"] == 1
                 deadline = time.monotonic() + 10
                 while rpc(str(sock), "status")["regions"] and time.monotonic() < deadline:
@@ -84,3 +86,51 @@ def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_pat
                 assert np.array_equal(payload, reference(layout, chunks))
 
         run(scenario())
+
+
+def test_only_a_memfd_sealed_against_shrinking_is_accepted(tmp_path, segments):
+    """The server maps only memory that can never shrink under it (a shrinking segment killed it with SIGBUS)."""
+    registry = RegionRegistry()
+    unsealed = os.memfd_create("unsealed", os.MFD_ALLOW_SEALING)
+    plain = os.open(tmp_path / "plain-file", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for fd in (unsealed, plain):
+            os.ftruncate(fd, 4096)
+            with pytest.raises(S3Error) as e:
+                registry.complete(registry.offer("t", 4096).secret, fd)
+            assert e.value.code.name == "InvalidArgument" and "sealed" in e.value.message
+        short = segments()
+        with pytest.raises(S3Error) as e:
+            registry.complete(registry.offer("t", short.size + 1).secret, short.fd)
+        assert e.value.code.name == "InvalidArgument" and "fewer than" in e.value.message
+        assert len(registry) == 0
+    finally:
+        os.close(unsealed)
+        os.close(plain)
+
+
+def test_a_ticket_is_redeemed_once_before_it_expires_and_binds_its_tenant(segments):
+    registry = RegionRegistry()
+    ticket = registry.offer("alice", 4096)
+    region = registry.complete(ticket.secret, segments().fd)
+    assert region.tenant == "alice" and region.size == 4096
+    with pytest.raises(S3Error) as e:
+        registry.complete(ticket.secret, segments().fd)  # used
+    assert e.value.code.name == "AccessDenied"
+    late = registry.offer("alice", 4096, now=0.0)
+    with pytest.raises(S3Error) as e:
+        registry.complete(late.secret, segments().fd, now=3600.0)  # expired
+    assert e.value.code.name == "AccessDenied"
+    with pytest.raises(S3Error) as e:
+        registry.resolve("bob", region.region_id, region.token, 0, 0)  # the capability is alice's alone
+    assert e.value.code.name == "AccessDenied"
+    registry.close()
+
+
+def test_the_client_cannot_shrink_a_registered_region():
+    region = ShmRegion(8192)
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(region.fd, 4096)
+    finally:
+        region.close()
