@@ -354,6 +354,7 @@ class ObjectCacheClient:
         return kind
 
     async def status(self) -> dict:
+        """This tenant's transfers in flight, registered regions and bandwidth leases."""
         assert self._http is not None
         url = f"{self.endpoint}/?{KVOp.STATUS}"
         headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {})

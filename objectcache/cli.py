@@ -15,6 +15,8 @@ from pathlib import Path
 
 from protocol.config import Config, ConfigError, load_config, with_dev_tenant
 
+from .restart import RestartBackoff
+
 READY = "READY"
 
 
@@ -161,19 +163,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
-        backoff = 1.0
+        backoff = RestartBackoff()
+        started = time.monotonic()
         while not stopping and children["gateway"].poll() is None:
             time.sleep(0.2)
             storage = children["storage-server"]
             if storage.poll() is not None and not stopping:
-                print(f"objectcache: storage server exited with {storage.returncode}; restarting in {backoff:.0f}s "
+                delay = backoff.delay_after_crash(time.monotonic() - started)
+                print(f"objectcache: storage server exited with {storage.returncode}; restarting in {delay:.1f}s "
                       "(plain S3 keeps working meanwhile)", flush=True)
-                time.sleep(backoff)
+                time.sleep(delay)
                 if stopping:
                     break
-                backoff = min(backoff * 2, 30.0)
                 children["storage-server"] = _spawn("storage-server", args, None)
                 _await_ready(children["storage-server"], "storage server")
+                started = time.monotonic()
                 print("objectcache: storage server is back", flush=True)
     finally:
         stop()

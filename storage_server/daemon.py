@@ -77,6 +77,10 @@ class StorageServer:
         return {"pong": True}
 
     async def _status(self, call: RpcCall) -> Reply:
+        """The operator's full view; with a ``tenant`` field (a tenant's kv-status), only that tenant's part."""
+        tenant = call.request.fields.get("tenant")
+        if tenant is not None:
+            return self.kv.tenant_status(str(tenant))
         return {
             "uptime_s": time.time() - self.started,
             "data_dir": str(self.config.data_dir),

@@ -91,13 +91,14 @@ class KVService:
 
     # -- small operations --------------------------------------------------------
     async def put(self, call: RpcCall) -> Reply:
-        items = decode_put_batch(call.body)
-        etags = await self.chunks.put_chunks(call.field("bucket"), items, call.field("tenant"))
+        bucket, tenant = call.field("bucket"), call.field("tenant")
+        etags = await self.chunks.put_chunks(bucket, decode_put_batch(call.body), tenant)
         return PutReply(len(etags), etags).to_json()
 
     async def lookup(self, call: RpcCall) -> Reply:
+        bucket = call.field("bucket")
         keys = decode_keys(call.body)
-        return LookupReply(await self.chunks.longest_prefix(call.field("bucket"), keys), len(keys)).to_json()
+        return LookupReply(await self.chunks.longest_prefix(bucket, keys), len(keys)).to_json()
 
     async def register(self, call: RpcCall) -> Reply:
         """Step 1 of an shm registration: a ticket to hand the memory over with (:mod:`protocol.shm`)."""
@@ -172,7 +173,18 @@ class KVService:
             if lease is not None and self.pool is not None:
                 self.pool.leave(lease)
 
+    def tenant_status(self, tenant: str) -> dict[str, Any]:
+        """What one tenant may see: its own transfers and regions, nothing of anybody else's or of the host."""
+        leases = self.pool.status()["leases"] if self.pool is not None else {}
+        return {
+            "transfers_active": [t.describe() for t in self.active.values() if t.tenant == tenant],
+            "regions": self.regions.count(tenant),
+            "bandwidth": {"enabled": self.pool is not None,
+                          "leases": {rid: lease for rid, lease in leases.items() if lease["tenant"] == tenant}},
+        }
+
     def status(self) -> dict[str, Any]:
+        """The operator's view of every transfer."""
         return {
             "regions": len(self.regions),
             "transfers_active": [t.describe() for t in self.active.values()],

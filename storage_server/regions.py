@@ -164,3 +164,6 @@ class RegionRegistry:
 
     def __len__(self) -> int:
         return len(self._regions)
+
+    def count(self, tenant: str) -> int:
+        return sum(r.tenant == tenant for r in self._regions.values())

@@ -149,7 +149,8 @@ async def kv_unregister(req: S3Request) -> web.Response:
 
 
 async def kv_status(req: S3Request) -> web.Response:
-    return json_response(await rpc(req).call(Op.STATUS))
+    """The caller's own transfers and regions (operators read the full status on the storage server's RPC)."""
+    return json_response(await rpc(req).call(Op.STATUS, tenant=req.tenant))
 
 
 def register(extensions: dict) -> None:

@@ -86,3 +86,31 @@ def test_a_stalled_stream_times_out_with_a_clear_error(gated_node, tenants):
             assert payload.shape == (layout.num_layers, 50 * layout.per_layer_chunk_bytes)
 
     run(scenario())
+
+
+def test_kv_status_shows_a_tenant_its_own_transfers_and_nothing_of_the_host(gated_node, tenants):
+    server, gate = gated_node, gated_node.gate
+    bucket = "kv-status-own"
+    boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 40, "status-own")
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as alice, client(server, tenants["bob"], bucket) as bob:
+            await alice.put_chunks(keys, make_chunks(layout, 40, seed=8), layout)
+            gate.hold_before(1)
+            try:
+                async with alice.fetch_layers(keys, layout, transport="shm", mode="layerwise") as layers:
+                    async for _ in layers:
+                        assert await asyncio.to_thread(gate.wait_held)
+                        mine, theirs = await alice.status(), await bob.status()
+                        assert [t["tenant"] for t in mine["transfers_active"]] == ["alice"] and mine["regions"] == 1
+                        assert theirs["transfers_active"] == [] and theirs["regions"] == 0
+                        assert not {"data_dir", "pid", "open_fds", "transfers_completed"} & (set(mine) | set(theirs))
+                        everything = rpc(server.rpc_socket, "status")  # the operator's view
+                        assert len(everything["transfers_active"]) == 1 and "data_dir" in everything
+                        break
+            finally:
+                gate.open()
+
+    run(scenario())
