@@ -69,14 +69,21 @@ async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[s
             size = int(size_s.strip(), 16)
         except ValueError:
             raise S3Error(ErrorCode.InvalidRequest, f"Malformed aws-chunked chunk size {size_s[:20]!r}") from None
-        data = await _exact(content, size) if size else b""
+        # A chunk is streamed in pieces, never held whole (a client may declare a chunk of any size).
+        digest = hashlib.sha256() if signed else None
+        remaining = size
+        while remaining:
+            piece = await _exact(content, min(remaining, READ_SIZE))
+            remaining -= len(piece)
+            if digest is not None:
+                digest.update(piece)
+            yield piece  # unverified yet: a failed signature below raises before the stream ends
         if signed:
             name, _, sig = ext.partition("=")
             if name.strip() != "chunk-signature":
                 raise S3Error(ErrorCode.SignatureDoesNotMatch, "Missing chunk-signature in aws-chunked body.")
-            sts = "\n".join(
-                ["AWS4-HMAC-SHA256-PAYLOAD", auth.amz_date, auth.scope, prev_sig, EMPTY_SHA256, hashlib.sha256(data).hexdigest()]
-            )
+            data_sha = digest.hexdigest() if digest is not None else EMPTY_SHA256
+            sts = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", auth.amz_date, auth.scope, prev_sig, EMPTY_SHA256, data_sha])
             if not hmac.compare_digest(hmac_hex(auth.signing_key, sts), sig.strip()):
                 raise S3Error(ErrorCode.SignatureDoesNotMatch, "The chunk signature does not match.")
             prev_sig = sig.strip()
@@ -84,7 +91,6 @@ async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[s
             break
         if await _exact(content, 2) != b"\r\n":
             raise S3Error(ErrorCode.IncompleteBody, "aws-chunked chunk data not followed by CRLF")
-        yield data
     # Trailers (possibly none), then an empty line.
     trailer_lines: list[str] = []
     trailer_sig = None
