@@ -7,7 +7,8 @@
 
 The gateway authenticates, authorises and validates; the storage server, which
 owns the chunk store and its capacity, executes. Bodies, headers and frames are
-defined in :mod:`protocol`.
+defined in :mod:`protocol`; the requests that select each handler are rows in
+:mod:`gateway.kv.routes`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from protocol.kv_http import (
     HEADER_MODE,
     HEADER_PAYLOAD_BYTES,
     MAX_JSON_BODY,
-    KVOp,
     LookupReply,
     PutReply,
     RegisterRequest,
@@ -152,12 +152,3 @@ async def kv_status(req: S3Request) -> web.Response:
     """The caller's own transfers and regions (operators read the full status on the storage server's RPC)."""
     return json_response(await rpc(req).call(Op.STATUS, tenant=req.tenant))
 
-
-def register(extensions: dict) -> None:
-    """Plug the KV operations into the router's extension table."""
-    extensions[("POST", "bucket", KVOp.LOOKUP)] = kv_lookup
-    extensions[("POST", "bucket", KVOp.PUT)] = kv_put
-    extensions[("POST", "bucket", KVOp.GET)] = kv_get
-    extensions[("POST", "service", KVOp.REGISTER)] = kv_register
-    extensions[("POST", "service", KVOp.UNREGISTER)] = kv_unregister
-    extensions[("GET", "service", KVOp.STATUS)] = kv_status

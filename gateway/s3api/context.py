@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -34,6 +35,30 @@ def validate_bucket_name(name: str) -> None:
         raise S3Error(ErrorCode.InvalidBucketName, resource=f"/{name}", extra={"BucketName": name})
 
 
+class Level(StrEnum):
+    """What a request addresses: the handler at a level may rely on ``bucket`` (and ``key``) being set."""
+
+    SERVICE = "service"
+    BUCKET = "bucket"
+    OBJECT = "object"
+
+
+@dataclass(frozen=True)
+class Address:
+    bucket: str | None
+    key: str | None
+    path_style: bool = True
+
+    @property
+    def level(self) -> Level:
+        return Level.SERVICE if self.bucket is None else Level.BUCKET if self.key is None else Level.OBJECT
+
+    @property
+    def resource(self) -> str:
+        """``/bucket/key`` as error bodies name it (``/`` for the service)."""
+        return "/" + "/".join(p for p in (self.bucket, self.key) if p)
+
+
 @dataclass
 class S3Request:
     """One authenticated S3 request, addressed to the service, a bucket or an object."""
@@ -43,8 +68,7 @@ class S3Request:
     auth: AuthResult
     store: ObjectStore
     config: GatewayConfig
-    bucket: str | None
-    key: str | None
+    addr: Address
     query: dict[str, str]
     trailers: dict[str, str] = field(default_factory=dict)
 
@@ -57,8 +81,22 @@ class S3Request:
         return self.auth.tenant
 
     @property
+    def bucket(self) -> str:
+        """The addressed bucket: routing sends only bucket- and object-level requests to handlers that read it."""
+        if self.addr.bucket is None:
+            raise LookupError("a service-level request has no bucket")
+        return self.addr.bucket
+
+    @property
+    def key(self) -> str:
+        """The addressed key: routing sends only object-level requests to handlers that read it."""
+        if self.addr.key is None:
+            raise LookupError("a service- or bucket-level request has no key")
+        return self.addr.key
+
+    @property
     def resource(self) -> str:
-        return "/" + "/".join(p for p in (self.bucket, self.key) if p is not None)
+        return "/" + "/".join(p for p in (self.addr.bucket, self.addr.key) if p is not None)
 
     def body(self) -> AsyncIterator[bytes]:
         """The decoded, verified request body (fills ``trailers`` as it ends)."""
@@ -74,10 +112,11 @@ class S3Request:
             out += chunk
             if len(out) > limit:
                 raise S3Error(ErrorCode.InvalidRequest, f"Request body exceeds {limit} bytes.")
-        digester.update(out)
+        body = bytes(out)
+        digester.update(body)
         expected.update(h.trailer_checksums(trailer, self.trailers))
         verify_digests(digester, md5, expected)
-        return bytes(out)
+        return body
 
     def expected_length(self) -> int | None:
         n = h.decoded_length(self.headers, self.auth.payload_mode.is_streaming)
@@ -88,7 +127,6 @@ class S3Request:
     async def owned_bucket(self, name: str | None = None) -> BucketInfo:
         """The addressed bucket, if it exists and belongs to the caller's tenant."""
         name = name or self.bucket
-        assert name is not None
         info = await self.store.get_bucket(name)
         if info.owner != self.tenant:
             raise S3Error(ErrorCode.AccessDenied, resource=f"/{name}")
@@ -107,7 +145,6 @@ class S3Request:
         return min(v, hi) if hi is not None else v
 
     def key_checked(self) -> str:
-        assert self.key is not None
         if len(self.key.encode()) > MAX_KEY_BYTES:
             raise S3Error(ErrorCode.KeyTooLongError, resource=self.resource, extra={"MaxSizeAllowed": str(MAX_KEY_BYTES)})
         return self.key

@@ -1,26 +1,27 @@
-"""Request addressing (path-style and virtual-hosted-style) and the operation table."""
+"""Request addressing (path-style and virtual-hosted-style) and the S3 route table.
+
+Like versitygw's ``s3api/router.go``, every operation the gateway serves is one
+:class:`Route` row naming its S3 operation; :class:`Router` matches a request's
+method, address level, query and header names to the first row that fits.
+Extension tables (the KV operations in :mod:`gateway.kv.routes`) are combined
+with this one by the :class:`Router`, not written into it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from protocol.errors import ErrorCode, S3Error
 
-from .context import S3Request
+from .context import Address, Level, S3Request
 from .handlers import buckets, listing, multipart, objects
 
 Handler = Callable[[S3Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class Address:
-    bucket: str | None
-    key: str | None
-    path_style: bool = True
 
 
 def address(raw_path: str, host: str, domains: tuple[str, ...]) -> Address:
@@ -43,6 +44,34 @@ def address(raw_path: str, host: str, domains: tuple[str, ...]) -> Address:
     return Address(bucket, key if sep and key else None)
 
 
+@dataclass(frozen=True)
+class Route:
+    """One operation: the request shape that selects it and the coroutine that serves it.
+
+    ``query`` lists sub-resources that must be present (``"uploads"``) or equal
+    a value (``"list-type=2"``); ``header`` names a header that must be present.
+    Rows without a condition are the fallback for their method and level, so a
+    table lists its more specific rows first.
+    """
+
+    method: str
+    level: Level
+    operation: str
+    handler: Handler
+    query: tuple[str, ...] = ()
+    header: str | None = None
+    _conditions: tuple[tuple[str, str | None], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parsed = tuple((name, value if eq else None) for name, eq, value in (c.partition("=") for c in self.query))
+        object.__setattr__(self, "_conditions", parsed)
+
+    def matches(self, query: Mapping[str, str], headers: Container[str]) -> bool:
+        if self.header is not None and self.header not in headers:
+            return False
+        return all(name in query if value is None else query.get(name) == value for name, value in self._conditions)
+
+
 # Sub-resources S3 defines that this gateway does not implement (answered 501, not misrouted).
 UNSUPPORTED_SUBRESOURCES = frozenset(
     "accelerate acl analytics cors encryption intelligent-tiering inventory legal-hold lifecycle logging metrics "
@@ -50,66 +79,48 @@ UNSUPPORTED_SUBRESOURCES = frozenset(
     "restore retention select tagging torrent versioning website attributes".split()
 )
 
-# Extension operations (KV) register here: (method, level, sub-resource) -> handler.
-EXTENSIONS: dict[tuple[str, str, str], Handler] = {}
+COPY_SOURCE = "x-amz-copy-source"
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", Level.SERVICE, "ListBuckets", buckets.list_buckets),
+    Route("GET", Level.BUCKET, "GetBucketLocation", buckets.get_bucket_location, query=("location",)),
+    Route("GET", Level.BUCKET, "ListMultipartUploads", multipart.list_multipart_uploads, query=("uploads",)),
+    Route("GET", Level.BUCKET, "ListObjectVersions", listing.list_object_versions, query=("versions",)),
+    Route("GET", Level.BUCKET, "ListObjectsV2", listing.list_objects_v2, query=("list-type=2",)),
+    Route("GET", Level.BUCKET, "ListObjects", listing.list_objects_v1),
+    Route("PUT", Level.BUCKET, "CreateBucket", buckets.create_bucket),
+    Route("HEAD", Level.BUCKET, "HeadBucket", buckets.head_bucket),
+    Route("DELETE", Level.BUCKET, "DeleteBucket", buckets.delete_bucket),
+    Route("POST", Level.BUCKET, "DeleteObjects", objects.delete_objects, query=("delete",)),
+    Route("PUT", Level.OBJECT, "UploadPartCopy", multipart.upload_part_copy, query=("uploadId",), header=COPY_SOURCE),
+    Route("PUT", Level.OBJECT, "UploadPart", multipart.upload_part, query=("uploadId",)),
+    Route("PUT", Level.OBJECT, "CopyObject", objects.copy_object, header=COPY_SOURCE),
+    Route("PUT", Level.OBJECT, "PutObject", objects.put_object),
+    Route("GET", Level.OBJECT, "ListParts", multipart.list_parts, query=("uploadId",)),
+    Route("GET", Level.OBJECT, "GetObject", objects.get_object),
+    Route("HEAD", Level.OBJECT, "HeadObject", objects.head_object),
+    Route("DELETE", Level.OBJECT, "AbortMultipartUpload", multipart.abort_multipart_upload, query=("uploadId",)),
+    Route("DELETE", Level.OBJECT, "DeleteObject", objects.delete_object),
+    Route("POST", Level.OBJECT, "CreateMultipartUpload", multipart.create_multipart_upload, query=("uploads",)),
+    Route("POST", Level.OBJECT, "CompleteMultipartUpload", multipart.complete_multipart_upload, query=("uploadId",)),
+)
 
 
-def route(method: str, addr: Address, query: dict[str, str]) -> Handler:
-    for sub in query:
-        if sub in UNSUPPORTED_SUBRESOURCES:
-            raise S3Error(ErrorCode.NotImplemented, f"The {sub!r} sub-resource is not implemented by ObjectCache.")
-    level = "service" if addr.bucket is None else "bucket" if addr.key is None else "object"
-    for (m, lvl, sub), handler in EXTENSIONS.items():
-        if m == method and lvl == level and sub in query:
-            return handler
-    if addr.bucket is None:
-        if method == "GET":
-            return buckets.list_buckets
+class Router:
+    """Route tables combined in order: a row of an earlier table wins over any row of a later one."""
+
+    def __init__(self, *tables: Iterable[Route]) -> None:
+        self.routes = tuple(chain(*tables))
+        self._candidates: dict[tuple[str, Level], list[Route]] = {}
+        for r in self.routes:
+            self._candidates.setdefault((r.method, r.level), []).append(r)
+
+    def match(self, method: str, level: Level, query: Mapping[str, str], headers: Container[str]) -> Route:
+        """The route for a request; a pure function of its arguments (``headers`` needs only ``in``)."""
+        for sub in query:
+            if sub in UNSUPPORTED_SUBRESOURCES:
+                raise S3Error(ErrorCode.NotImplemented, f"The {sub!r} sub-resource is not implemented by ObjectCache.")
+        for route in self._candidates.get((method, level), ()):
+            if route.matches(query, headers):
+                return route
         raise S3Error(ErrorCode.MethodNotAllowed)
-    if addr.key is None:
-        table: dict[str, Handler] | None = {
-            "GET": _bucket_get(query),
-            "PUT": buckets.create_bucket,
-            "HEAD": buckets.head_bucket,
-            "DELETE": buckets.delete_bucket,
-            "POST": objects.delete_objects if "delete" in query else None,
-        }.get(method)  # type: ignore[assignment]
-        if table is None:
-            raise S3Error(ErrorCode.MethodNotAllowed)
-        return table  # type: ignore[return-value]
-    copy = "x-amz-copy-source"
-    if method == "PUT":
-        if "uploadId" in query:
-            return _with_header(copy, multipart.upload_part_copy, multipart.upload_part)
-        return _with_header(copy, objects.copy_object, objects.put_object)
-    if method == "GET":
-        return multipart.list_parts if "uploadId" in query else objects.get_object
-    if method == "HEAD":
-        return objects.head_object
-    if method == "DELETE":
-        return multipart.abort_multipart_upload if "uploadId" in query else objects.delete_object
-    if method == "POST":
-        if "uploads" in query:
-            return multipart.create_multipart_upload
-        if "uploadId" in query:
-            return multipart.complete_multipart_upload
-    raise S3Error(ErrorCode.MethodNotAllowed)
-
-
-def _bucket_get(query: dict[str, str]) -> Handler:
-    if "location" in query:
-        return buckets.get_bucket_location
-    if "uploads" in query:
-        return multipart.list_multipart_uploads
-    if "versions" in query:
-        return listing.list_object_versions
-    if query.get("list-type") == "2":
-        return listing.list_objects_v2
-    return listing.list_objects_v1
-
-
-def _with_header(name: str, if_present: Handler, otherwise: Handler) -> Handler:
-    async def dispatch(req: S3Request) -> web.StreamResponse:
-        return await (if_present if name in req.headers else otherwise)(req)
-
-    return dispatch

@@ -37,7 +37,6 @@ async def list_buckets(req: S3Request) -> web.Response:
 
 
 async def create_bucket(req: S3Request) -> web.Response:
-    assert req.bucket is not None
     validate_bucket_name(req.bucket)
     region = req.config.region
     body = await req.body_bytes(64 * 1024)
@@ -61,7 +60,6 @@ async def head_bucket(req: S3Request) -> web.Response:
 
 async def delete_bucket(req: S3Request) -> web.Response:
     await req.owned_bucket()
-    assert req.bucket is not None
     await req.store.delete_bucket(req.bucket)
     return empty(204)
 

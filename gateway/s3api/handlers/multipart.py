@@ -25,7 +25,7 @@ def _owner(tenant: str) -> list[xml.Node]:
 
 async def _upload(req: S3Request) -> UploadInfo:
     await req.owned_bucket()
-    return await req.store.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])  # type: ignore[arg-type]
+    return await req.store.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])
 
 
 def _part_number(req: S3Request) -> int:
@@ -40,7 +40,7 @@ async def create_multipart_upload(req: S3Request) -> web.Response:
     key = req.key_checked()
     spec, _ = h.put_spec(req.headers, None)
     alg = req.headers.get("x-amz-checksum-algorithm")
-    upload = await req.store.create_upload(req.bucket, key, spec, req.tenant)  # type: ignore[arg-type]
+    upload = await req.store.create_upload(req.bucket, key, spec, req.tenant)
     headers = {"x-amz-checksum-algorithm": alg.upper(), "x-amz-checksum-type": "COMPOSITE"} if alg else None
     return xml_response("InitiateMultipartUploadResult", [("Bucket", req.bucket), ("Key", key), ("UploadId", upload.upload_id)], headers=headers)
 
@@ -144,7 +144,7 @@ async def list_multipart_uploads(req: S3Request) -> web.Response:
     last_key, last_upload = key_marker, upload_marker
     next_key, next_upload = None, None
     while True:
-        batch = await req.store.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)  # type: ignore[arg-type]
+        batch = await req.store.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)
         if not batch:
             break
         for u in batch:
