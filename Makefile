@@ -32,7 +32,7 @@ serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
 test: $(STAMP) $(AWS_STAMP)
-	OBJECTCACHE_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest $(ARGS)
+	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/objectcache bench $(ARGS)

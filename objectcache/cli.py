@@ -13,7 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from protocol.config import Config, ConfigError, load_config, with_dev_tenant
+from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, with_dev_tenant
+from protocol.config import Config, ConfigError, load_config
 
 from .restart import RestartBackoff
 
@@ -22,7 +23,7 @@ READY = "READY"
 
 def _load(args: argparse.Namespace) -> Config:
     return load_config(
-        args.config,
+        getattr(args, "config", None),
         gateway__host=getattr(args, "host", None),
         gateway__port=getattr(args, "port", None),
         store__data_dir=getattr(args, "data_dir", None),
@@ -58,13 +59,13 @@ async def _run_until_signal(start) -> None:
         await cleanup()
 
 
-def cmd_gateway(args: argparse.Namespace) -> int:
+def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
     from aiohttp import web
 
     from gateway.server import build_app
     from storage_server.store import open_object_store
 
-    cfg, _ = with_dev_tenant(_load(args))
+    cfg, _ = with_dev_tenant(cfg)
 
     async def start():
         # handler_cancellation: a client that disconnects cancels its handler at once,
@@ -81,11 +82,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_storage_server(args: argparse.Namespace) -> int:
+def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
     from storage_server.daemon import StorageServer
     from storage_server.store import open_chunk_source, open_object_store
-
-    cfg = _load(args)
 
     async def start():
         store = open_object_store(cfg)
@@ -136,9 +135,9 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
     raise SystemExit(f"objectcache: the {role} exited before it was ready (exit code {proc.wait()})")
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
     """Run both processes; keep the gateway up and restart a crashed storage server."""
-    cfg, dev = with_dev_tenant(_load(args))
+    cfg, dev = with_dev_tenant(cfg)
     children: dict[str, subprocess.Popen] = {}
     stopping = False
 
@@ -159,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
-            print(f"  (shell: source {cfg.data_dir / 'dev-credentials.env'})")
+            print(f"  (shell: source {cfg.data_dir / DEV_CREDENTIALS_FILE})")
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
@@ -190,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, cfg: Config) -> int:
     from bench.cli import main as bench_main
 
     return bench_main(args.bench_args)
@@ -213,11 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("OBJECTCACHE_LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        # Every command reads the configuration first (bench only its environment part), so a
+        # bad key or an unknown OBJECTCACHE_* variable stops it before anything starts.
+        cfg = _load(args)
+        logging.basicConfig(level=cfg.log.level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         if args.command != "serve":
             _install_loop()
-        return args.func(args)
+        return args.func(args, cfg)
     except ConfigError as e:
         print(f"objectcache: configuration error: {e}", file=sys.stderr)
         return 2

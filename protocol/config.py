@@ -1,33 +1,66 @@
 """Deployment configuration: one TOML file plus ``OBJECTCACHE_*`` environment overrides.
 
-Every section is a dataclass; unknown keys and bad values are refused at
-start-up with a message naming them (``ConfigError``). Environment variables
-override single values: ``OBJECTCACHE_<SECTION>_<KEY>`` (e.g.
-``OBJECTCACHE_GATEWAY_PORT=9100``), and ``OBJECTCACHE_TENANTS`` replaces the
-tenant list with ``name:access_key:secret_key`` entries separated by commas.
+The schema is a tree of frozen dataclasses (:class:`Section`). A field whose type is a
+section is a TOML sub-table (``[store.local]``), ``tenants`` is an array of tables, every
+other field is one value. Each section checks its own values when it is built, so no
+invalid ``Config`` can exist; :class:`Config` checks only what spans sections.
+
+Environment variable names are generated from the schema,
+``OBJECTCACHE_<SECTION>[_<SUBTABLE>]_<KEY>`` (``OBJECTCACHE_GATEWAY_PORT=9100``,
+``OBJECTCACHE_STORE_LOCAL_IO_THREADS=8``), and ``OBJECTCACHE_TENANTS`` replaces the
+tenant list with ``name:access_key:secret_key`` entries separated by commas. Unknown
+keys, unknown ``OBJECTCACHE_*`` variables and bad values are refused at start-up with a
+message naming them (``ConfigError``): a misspelt override would otherwise be ignored.
+
+Every process reads this module, so it imports nothing of the project and writes no files.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import tomllib
-from dataclasses import MISSING, dataclass, field, fields, replace
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "OBJECTCACHE_"
-# The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 STORE_BACKENDS = ("local",)
+# The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Keys renamed since earlier releases: an old config is refused with a pointer to the new name.
+RENAMED = {
+    "gateway.max_keys": "gateway.max_list_keys",
+    "store.io_threads": "store.local.io_threads",
+    "storage_server.io_threads": "storage_server.read_threads",
+    "storage_server.max_keys": "storage_server.max_descriptor_keys",
+}
 
 
 class ConfigError(ValueError):
     """A configuration problem, naming the offending key."""
 
 
+class Section:
+    """A TOML table: subclasses are frozen dataclasses that check their own values when built."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse bad values through :meth:`require`; a section without constraints keeps this."""
+
+    def require(self, ok: bool, key: str, why: str) -> None:
+        if not ok:
+            table = TABLES.get(type(self), type(self).__name__)
+            raise ConfigError(f"{table}.{key}: {why}" if table else f"{key}: {why}")
+
+
 @dataclass(frozen=True)
-class Tenant:
+class Tenant(Section):
     name: str
     access_key: str
     secret_key: str
@@ -35,29 +68,58 @@ class Tenant:
     bandwidth_cap_gbps: float = 0.0
     weight: float = 1.0
 
+    def validate(self) -> None:
+        for key in ("name", "access_key", "secret_key"):
+            self.require(bool(getattr(self, key)), key, f"must not be empty (tenant {self.name!r})")
+        self.require(self.bandwidth_cap_gbps >= 0, "bandwidth_cap_gbps", f"must be >= 0 (tenant {self.name!r})")
+        self.require(self.weight > 0, "weight", f"must be > 0 (tenant {self.name!r})")
+
 
 @dataclass(frozen=True)
-class GatewayConfig:
+class GatewayConfig(Section):
     host: str = "127.0.0.1"
     port: int = 9000
     region: str = "us-east-1"
     # Host-name suffixes for virtual-hosted-style addressing (bucket.<domain>).
     domains: tuple[str, ...] = ("localhost",)
     max_clock_skew_s: float = 900.0
-    max_keys: int = 1000
+    # Most keys one listing page returns (S3's own cap is 1000).
+    max_list_keys: int = 1000
     # Largest kv-put batch body the gateway accepts.
     kv_max_put_bytes: int = 256 * 1024 * 1024
 
+    def validate(self) -> None:
+        self.require(0 <= self.port <= 65535, "port", f"{self.port} is not a TCP port (0..65535)")
+        self.require(self.max_clock_skew_s > 0, "max_clock_skew_s", "must be positive")
+        self.require(1 <= self.max_list_keys <= 1000, "max_list_keys", "must be in 1..1000")
+        self.require(self.kv_max_put_bytes >= 1, "kv_max_put_bytes", "must be positive")
+
 
 @dataclass(frozen=True)
-class StoreConfig:
-    backend: str = "local"
-    data_dir: str = "./data"
+class LocalStoreConfig(Section):
+    """``[store.local]``: settings only the local-disk backend reads."""
+
+    # Blocking-I/O pool of the local-disk store, per process.
     io_threads: int = 16
 
+    def validate(self) -> None:
+        self.require(self.io_threads >= 1, "io_threads", "must be at least 1")
+
 
 @dataclass(frozen=True)
-class StorageServerConfig:
+class StoreConfig(Section):
+    backend: str = "local"
+    # The local-disk store's directory; also where the RPC socket and dev credentials live.
+    data_dir: str = "./data"
+    local: LocalStoreConfig = field(default_factory=LocalStoreConfig)
+
+    def validate(self) -> None:
+        self.require(self.backend in STORE_BACKENDS, "backend",
+                     f"unknown backend {self.backend!r} (supported: {', '.join(STORE_BACKENDS)})")
+
+
+@dataclass(frozen=True)
+class StorageServerConfig(Section):
     # Unix socket for gateway -> daemon RPC; empty means <data_dir>/storage-server.sock.
     socket: str = ""
     # Alternatively "host:port" for TCP.
@@ -66,14 +128,14 @@ class StorageServerConfig:
     # per CPU core. Warm-cache reads are memory-bound copies, and more threads than cores
     # only contend (measured: 2 threads 6.5 GB/s, 8 threads 3-4 GB/s on 2 cores); raise it
     # for stores whose chunks mostly come from disk, where reads wait on I/O.
-    io_threads: int = 0
+    read_threads: int = 0
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
     # more than the overlap can win.
     theta_bytes: int = 32 * 1024 * 1024
     # Most chunk keys one descriptor may name (64K tokens at G=16 is 4,096).
-    max_keys: int = 65536
+    max_descriptor_keys: int = 65536
     # Chunk files kept open between transfers (a 64K-token prefix at G=16 is 3,584 files,
     # ~13 ms to open and close); 0 opens them per transfer. Bounded by half the
     # process's file limit. Deleted objects' fds are closed within housekeeping_s.
@@ -88,9 +150,18 @@ class StorageServerConfig:
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
 
+    def validate(self) -> None:
+        self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
+        self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
+        self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
+        self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
+        self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
+        self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
+
 
 @dataclass(frozen=True)
-class BandwidthConfig:
+class BandwidthConfig(Section):
     """The shared pool for layerwise transfers (DESIGN §6). capacity_gbps = 0 disables pacing."""
 
     capacity_gbps: float = 0.0
@@ -109,13 +180,33 @@ class BandwidthConfig:
     def enabled(self) -> bool:
         return self.capacity_gbps > 0
 
+    def validate(self) -> None:
+        self.require(self.policy in BANDWIDTH_POLICIES, "policy", f"{self.policy!r} is not one of {', '.join(BANDWIDTH_POLICIES)}")
+        self.require(self.capacity_gbps >= 0, "capacity_gbps", "must be >= 0")
+        self.require(self.margin_gbps >= 0, "margin_gbps", "must be >= 0")
+        self.require(self.epoch_ms > 0, "epoch_ms", "must be > 0")
+        self.require(self.dispatch_slots >= 1, "dispatch_slots", "must be at least 1")
+        self.require(self.burst_layers >= 0, "burst_layers", "must be >= 0")
+        self.require(self.default_compute_per_layer_s >= 0, "default_compute_per_layer_s", "must be >= 0")
+
 
 @dataclass(frozen=True)
-class Config:
+class LogConfig(Section):
+    """Logging of every process; ``OBJECTCACHE_LOG_LEVEL=DEBUG`` is the usual way to set it."""
+
+    level: str = "WARNING"
+
+    def validate(self) -> None:
+        self.require(self.level.upper() in LOG_LEVELS, "level", f"{self.level!r} is not one of {', '.join(LOG_LEVELS)}")
+
+
+@dataclass(frozen=True)
+class Config(Section):
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     tenants: tuple[Tenant, ...] = ()
 
     @property
@@ -126,114 +217,170 @@ class Config:
     def rpc_socket(self) -> Path:
         return Path(self.storage_server.socket) if self.storage_server.socket else self.data_dir / "storage-server.sock"
 
+    def validate(self) -> None:
+        """The checks that span sections (each section checked its own values)."""
+        seen: set[str] = set()
+        for t in self.tenants:
+            self.require(t.access_key not in seen, "tenants", f"access_key {t.access_key!r} is used twice")
+            seen.add(t.access_key)
 
-SECTIONS: dict[str, type] = {"gateway": GatewayConfig, "store": StoreConfig, "storage_server": StorageServerConfig, "bandwidth": BandwidthConfig}
+
+# --- The schema, walked: table names and environment variable names come from the dataclasses.
+
+KeyPath = tuple[str, ...]
 
 
-def _coerce(where: str, typ: Any, value: Any) -> Any:
-    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _table_type(tp: Any) -> type[Section] | None:
+    return tp if isinstance(tp, type) and issubclass(tp, Section) else None
+
+
+def _array_type(tp: Any) -> type[Section] | None:
+    """The element type of an array of tables (``tuple[Tenant, ...]``), else None."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _table_type(args[0])
+    return None
+
+
+def _walk(cls: type, path: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+    """Every key of the schema, depth first, with its path and type."""
+    for f in fields(cls):
+        tp = _hints(cls)[f.name]
+        yield (*path, f.name), tp
+        if sub := _table_type(tp):
+            yield from _walk(sub, (*path, f.name))
+
+
+def env_name(path: KeyPath) -> str:
+    return ENV_PREFIX + "_".join(path).upper()
+
+
+def _env_vars() -> dict[str, KeyPath]:
+    out: dict[str, KeyPath] = {}
+    for path, tp in _walk(Config):
+        if _table_type(tp):
+            continue
+        name = env_name(path)
+        if name in out:  # e.g. a key store.local_io_threads beside the table store.local
+            raise RuntimeError(f"{'.'.join(path)} and {'.'.join(out[name])} both map to {name}")
+        out[name] = path
+    return out
+
+
+# Section class -> its dotted table name ("" for the root); element types of arrays are named after the array.
+TABLES: dict[type, str] = {Config: ""} | {
+    t: ".".join(path) for path, tp in _walk(Config) if (t := _table_type(tp) or _array_type(tp))
+}
+# Every environment variable the schema reads -> the key path it sets.
+ENV_VARS: dict[str, KeyPath] = _env_vars()
+
+
+# --- Loading.
+
+def _coerce(where: str, tp: Any, value: Any) -> Any:
     try:
-        if t in ("bool", bool):
+        if tp is bool:
             if isinstance(value, bool):
                 return value
             if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 return value.lower() in ("1", "true", "yes", "on")
             raise ValueError
-        if t in ("int", int):
+        if tp is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
-        if t in ("float", float):
+        if tp is float:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
-        if t in ("str", str):
+        if tp is str:
             if not isinstance(value, str):
                 raise ValueError
             return value
-        if str(t).startswith("tuple[str"):
+        if tp == tuple[str, ...]:
             if isinstance(value, str):
                 value = [v for v in value.split(",") if v]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError
             return tuple(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: bad value {value!r} (expected {t})") from None
-    raise ConfigError(f"{where}: unsupported type {t}")
+        raise ConfigError(f"{where}: bad value {value!r} (expected {tp.__name__ if isinstance(tp, type) else tp})") from None
+    raise ConfigError(f"{where}: unsupported type {tp}")
 
 
-def _section(name: str, cls: type, raw: dict[str, Any]) -> Any:
+def _renamed(dotted: str) -> str:
+    return f" (renamed to {RENAMED[dotted]})" if dotted in RENAMED else ""
+
+
+def _table(cls: type[Section], path: KeyPath, raw: Any) -> Any:
+    """Build one table from its raw TOML value, sub-tables and arrays of tables included."""
+    where = ".".join(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{where}] must be a table")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(raw) - set(known))
+    if unknown and not path:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (known: {', '.join(known)})")
     if unknown:
-        raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(unknown)} (known: {', '.join(known)})")
+        names = ", ".join(f"{where}.{k}{_renamed(f'{where}.{k}')}" for k in unknown)
+        raise ConfigError(f"unknown key(s) in [{where}]: {names} (known: {', '.join(known)})")
     missing = [k for k, f in known.items() if f.default is MISSING and f.default_factory is MISSING and k not in raw]
     if missing:
-        raise ConfigError(f"[{name}] is missing required key(s): {', '.join(missing)}")
-    values = {k: _coerce(f"{name}.{k}", known[k].type, v) for k, v in raw.items()}
+        raise ConfigError(f"[{where}] is missing required key(s): {', '.join(missing)}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        tp = _hints(cls)[key]
+        if sub := _table_type(tp):
+            values[key] = _table(sub, (*path, key), value)
+        elif elem := _array_type(tp):
+            if not isinstance(value, list):
+                raise ConfigError(f"{key}: expected an array of tables ([[{key}]])")
+            values[key] = tuple(_table(elem, (*path, f"{key}[{i}]"), v) for i, v in enumerate(value))
+        else:
+            values[key] = _coerce(".".join((*path, key)), tp, value)
     return cls(**values)
 
 
-def _validate(cfg: Config) -> None:
-    if not 0 <= cfg.gateway.port <= 65535:
-        raise ConfigError(f"gateway.port: {cfg.gateway.port} is not a TCP port (0..65535)")
-    if cfg.gateway.max_clock_skew_s <= 0:
-        raise ConfigError("gateway.max_clock_skew_s must be positive")
-    if not 1 <= cfg.gateway.max_keys <= 1000:
-        raise ConfigError("gateway.max_keys must be in 1..1000")
-    if cfg.store.backend not in STORE_BACKENDS:
-        raise ConfigError(f"store.backend: unknown backend {cfg.store.backend!r} (supported: {', '.join(STORE_BACKENDS)})")
-    if cfg.store.io_threads < 1:
-        raise ConfigError("store.io_threads must be at least 1")
-    if cfg.storage_server.io_threads < 0:
-        raise ConfigError("storage_server.io_threads must be >= 0 (0 = one per CPU core)")
-    if cfg.storage_server.theta_bytes < 0:
-        raise ConfigError("storage_server.theta_bytes must be non-negative")
-    if cfg.storage_server.open_files < 0:
-        raise ConfigError("storage_server.open_files must be >= 0 (0 = no open-file cache)")
-    if cfg.storage_server.http_staging_bytes < 1:
-        raise ConfigError("storage_server.http_staging_bytes must be at least 1")
-    if not cfg.storage_server.region_idle_s > 0:
-        raise ConfigError("storage_server.region_idle_s must be > 0")
-    if not cfg.storage_server.housekeeping_s > 0:
-        raise ConfigError("storage_server.housekeeping_s must be > 0")
-    if cfg.storage_server.max_keys < 1:
-        raise ConfigError("storage_server.max_keys must be at least 1")
-    if cfg.gateway.kv_max_put_bytes < 1:
-        raise ConfigError("gateway.kv_max_put_bytes must be positive")
-    bw = cfg.bandwidth
-    if bw.policy not in BANDWIDTH_POLICIES:
-        raise ConfigError(f"bandwidth.policy: {bw.policy!r} is not one of {', '.join(BANDWIDTH_POLICIES)}")
-    if bw.capacity_gbps < 0 or bw.margin_gbps < 0 or bw.epoch_ms <= 0 or bw.dispatch_slots < 1 or bw.burst_layers < 0:
-        raise ConfigError("bandwidth: capacity_gbps and margin_gbps must be >= 0, epoch_ms > 0, dispatch_slots >= 1, burst_layers >= 0")
-    if bw.default_compute_per_layer_s < 0:
-        raise ConfigError("bandwidth.default_compute_per_layer_s must be >= 0")
-    seen: set[str] = set()
-    for t in cfg.tenants:
-        if t.bandwidth_cap_gbps < 0 or t.weight <= 0:
-            raise ConfigError(f"tenants: {t.name!r} needs bandwidth_cap_gbps >= 0 and weight > 0")
-        for attr in ("name", "access_key", "secret_key"):
-            if not getattr(t, attr):
-                raise ConfigError(f"tenants: {attr} must not be empty (tenant {t.name!r})")
-        if t.access_key in seen:
-            raise ConfigError(f"tenants: access_key {t.access_key!r} is used twice")
-        seen.add(t.access_key)
+def _env_value(var: str, path: KeyPath, text: str) -> Any:
+    """An override's raw value; an array of tables takes entries of its required keys joined by ':'."""
+    elem = _array_type(_hints(Config).get(path[0])) if len(path) == 1 else None
+    if elem is None:
+        return text
+    required = [f.name for f in fields(elem) if f.default is MISSING and f.default_factory is MISSING]
+    entries = []
+    for entry in filter(None, text.split(",")):
+        parts = entry.split(":")
+        if len(parts) != len(required):
+            raise ConfigError(f"{var}: entry {parts[0]!r} is not {':'.join(required)}")
+        entries.append(dict(zip(required, parts, strict=True)))
+    return entries
 
 
-def parse_tenants(raw: Any, where: str = "tenants") -> tuple[Tenant, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"{where}: expected an array of tables ([[tenants]])")
-    out = []
-    for i, t in enumerate(raw):
-        if not isinstance(t, dict):
-            raise ConfigError(f"{where}[{i}]: expected a table")
-        out.append(_section(f"{where}[{i}]", Tenant, t))
-    return tuple(out)
+def _set(raw: dict[str, Any], path: KeyPath, value: Any) -> None:
+    node = raw
+    for i, key in enumerate(path[:-1]):
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"[{'.'.join(path[:i + 1])}] must be a table")
+    node[path[-1]] = value
 
 
-def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None, **overrides: Any) -> Config:
-    """Read TOML (if given), apply environment, then explicit overrides (``section__key=value``)."""
-    env = dict(os.environ if env is None else env)
+def _env_path(var: str) -> KeyPath:
+    if var in ENV_VARS:
+        return ENV_VARS[var]
+    old = {env_name(tuple(k.split("."))): env_name(tuple(v.split("."))) for k, v in RENAMED.items()}
+    hint = f" (renamed to {old[var]})" if var in old else ""
+    raise ConfigError(f"unknown environment variable {var}{hint} (known: {', '.join(ENV_VARS)})")
+
+
+def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Read TOML (if given), apply environment, then explicit overrides (``section__key=value``, None skipped)."""
+    env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -243,72 +390,10 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
-    unknown = sorted(set(raw) - set(SECTIONS) - {"tenants"})
-    if unknown:
-        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (known: {', '.join([*SECTIONS, 'tenants'])})")
-    sections: dict[str, dict[str, Any]] = {}
-    for name in SECTIONS:
-        value = raw.get(name, {})
-        if not isinstance(value, dict):
-            raise ConfigError(f"[{name}] must be a table")
-        sections[name] = dict(value)
-    for name, cls in SECTIONS.items():
-        for f in fields(cls):
-            var = f"{ENV_PREFIX}{name.upper()}_{f.name.upper()}"
-            if var in env:
-                sections[name][f.name] = env[var]
-    for k, v in overrides.items():
-        if v is None:
-            continue
-        section, _, key = k.partition("__")
-        sections[section][key] = v
-    tenants = parse_tenants(raw.get("tenants", []))
-    if f"{ENV_PREFIX}TENANTS" in env:
-        entries = [e for e in env[f"{ENV_PREFIX}TENANTS"].split(",") if e]
-        parsed = []
-        for e in entries:
-            parts = e.split(":")
-            if len(parts) != 3:
-                raise ConfigError(f"{ENV_PREFIX}TENANTS: entry {e.split(':')[0]!r} is not name:access_key:secret_key")
-            parsed.append(Tenant(*parts))
-        tenants = tuple(parsed)
-    cfg = Config(**{n: _section(n, SECTIONS[n], sections[n]) for n in SECTIONS}, tenants=tenants)
-    _validate(cfg)
-    return cfg
-
-
-DEV_CREDENTIALS_FILE = "dev-credentials.env"
-
-
-def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
-    """With no tenants configured, use one development tenant.
-
-    Its keys are generated once per data directory and kept in
-    ``<data_dir>/dev-credentials.env`` (mode 0600), a shell file that also sets
-    the region and endpoint, so ``source data/dev-credentials.env`` configures
-    aws-cli and boto3.
-    """
-    if cfg.tenants:
-        return cfg, None
-    path = cfg.data_dir / DEV_CREDENTIALS_FILE
-    values: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.startswith("export ") and "=" in line:
-                k, _, v = line[len("export "):].partition("=")
-                values[k] = v.strip("'\"")
-    ak = values.get("AWS_ACCESS_KEY_ID") or "OC" + secrets.token_hex(9).upper()
-    sk = values.get("AWS_SECRET_ACCESS_KEY") or secrets.token_urlsafe(30)
-    tenant = Tenant("dev", ak, sk)
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::", "") else cfg.gateway.host
-    text = (
-        f"export AWS_ACCESS_KEY_ID={ak}\n"
-        f"export AWS_SECRET_ACCESS_KEY={sk}\n"
-        f"export AWS_DEFAULT_REGION={cfg.gateway.region}\n"
-        f"export AWS_ENDPOINT_URL=http://{host}:{cfg.gateway.port}\n"
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return replace(cfg, tenants=(tenant,)), tenant
+    for var in sorted(v for v in env if v.startswith(ENV_PREFIX)):
+        key_path = _env_path(var)
+        _set(raw, key_path, _env_value(var, key_path, env[var]))
+    for key, value in overrides.items():
+        if value is not None:
+            _set(raw, tuple(key.split("__")), value)
+    return _table(Config, (), raw)

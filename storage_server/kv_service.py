@@ -75,7 +75,7 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.io_threads or _cpus())
+        self.executor = Executor(ss.read_threads or _cpus())
         self.regions = RegionRegistry()
         self.staging = StagingBudget(ss.http_staging_bytes)
         self.pacer_factories = list(pacers)
@@ -115,7 +115,7 @@ class KVService:
     async def get(self, call: RpcCall) -> Reply:
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
-        d = decode_descriptor(call.body, self.config.storage_server.max_keys)
+        d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         frames = FrameSink(call.writer)
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None

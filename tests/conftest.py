@@ -30,7 +30,7 @@ def server(tmp_path_factory, tenants) -> ServerProcess:
     """One ``objectcache serve`` for the session: gateway + storage server, two tenants."""
     root = tmp_path_factory.mktemp("objectcache")
     config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()),
-                          extra=f'\n[storage_server]\nmax_keys = 4096\nsocket = "{root / "ss.sock"}"\n')
+                          extra=f'\n[storage_server]\nmax_descriptor_keys = 4096\nsocket = "{root / "ss.sock"}"\n')
     proc = ServerProcess(config).start()
     proc.rpc_socket = str(root / "ss.sock")
     yield proc
@@ -100,7 +100,7 @@ class AwsCli:
 
 @pytest.fixture(scope="session")
 def aws(server, tenants, tmp_path_factory) -> AwsCli:
-    exe = os.environ.get("OBJECTCACHE_AWS_CLI") or shutil.which("aws")
+    exe = os.environ.get("TEST_AWS_CLI") or shutil.which("aws")
     if not exe:
         pytest.fail("aws-cli not found: run the tests with `make test`, which installs it into .venv-aws")
     return AwsCli(exe, server.endpoint, tenants["alice"], tmp_path_factory.mktemp("awshome"))

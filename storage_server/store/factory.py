@@ -27,7 +27,7 @@ class Backend:
 def _local_store(config: Config) -> ObjectStore:
     from .localdisk import LocalDiskStore
 
-    return LocalDiskStore(config.data_dir, io_threads=config.store.io_threads)
+    return LocalDiskStore(config.data_dir, io_threads=config.store.local.io_threads)
 
 
 def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:

@@ -11,9 +11,9 @@ import sys
 from support import REPO, ServerProcess, TenantKeys, boto_client
 
 
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd=None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "objectcache", *args], capture_output=True, text=True, timeout=60,
-                          cwd=cwd or REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          cwd=cwd or REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def test_bad_config_refused_at_startup(tmp_path):
@@ -22,6 +22,15 @@ def test_bad_config_refused_at_startup(tmp_path):
     r = run_cli("serve", "--config", str(cfg))
     assert r.returncode == 2
     assert "prot" in r.stderr and "configuration error" in r.stderr
+
+
+def test_unknown_environment_variable_refused_at_startup(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n')
+    r = run_cli("serve", "--config", str(cfg), env={"OBJECTCACHE_GATEWAY_PROT": "9100"})
+    assert r.returncode == 2
+    assert "objectcache: configuration error: unknown environment variable OBJECTCACHE_GATEWAY_PROT" in r.stderr
+    assert "OBJECTCACHE_GATEWAY_PORT" in r.stderr and not (tmp_path / "data").exists()
 
 
 def test_serve_without_config_uses_printed_dev_credentials(tmp_path):

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
-from protocol.config import ConfigError, load_config
+from protocol.config import ENV_VARS, Config, ConfigError, GatewayConfig, LocalStoreConfig, Tenant, load_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, text: str):
@@ -49,6 +55,16 @@ secret_key = "s2"
     ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\n[[tenants]]\nname = "b"\naccess_key = "k"\nsecret_key = "t"\n', "used twice"),
     ("[storage_server]\nopen_files = -1\n", "storage_server.open_files"),
     ("[storage_server]\nhousekeeping_s = 0\n", "storage_server.housekeeping_s"),
+    ("[storage_server]\nmax_descriptor_keys = 0\n", "storage_server.max_descriptor_keys"),
+    ("[storage_server]\nread_threads = -1\n", "storage_server.read_threads"),
+    ("[gateway]\nmax_list_keys = 1001\n", "gateway.max_list_keys"),
+    ("[store.local]\nio_threads = 0\n", "store.local.io_threads"),
+    ("[store.local]\nx = 1\n", "store.local.x"),
+    ("[store]\nlocal = 4\n", "[store.local] must be a table"),
+    ('[bandwidth]\npolicy = "fifo"\n', "bandwidth.policy"),
+    ("[bandwidth]\nepoch_ms = 0\n", "bandwidth.epoch_ms"),
+    ('[log]\nlevel = "chatty"\n', "log.level"),
+    ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\nweight = 0\n', "tenants.weight"),
     ("not toml [", "invalid TOML"),
 ])
 def test_bad_config_is_refused_naming_the_key(tmp_path, text, needle):
@@ -74,3 +90,82 @@ def test_environment_overrides(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/objectcache.toml", env={})
+
+
+def test_nested_table_for_the_local_store(tmp_path):
+    cfg = load_config(write(tmp_path, '[store]\ndata_dir = "/srv/oc"\n[store.local]\nio_threads = 4\n'), env={})
+    assert cfg.store.data_dir == "/srv/oc" and cfg.store.local == LocalStoreConfig(io_threads=4)
+    # TOML's dotted keys are the same table.
+    assert load_config(write(tmp_path, "[store]\nlocal.io_threads = 5\n"), env={}).store.local.io_threads == 5
+    assert load_config(env={}).store.local.io_threads == 16
+
+
+def test_nested_environment_override(tmp_path):
+    cfg = load_config(write(tmp_path, "[store.local]\nio_threads = 4\n"), env={"OBJECTCACHE_STORE_LOCAL_IO_THREADS": "8"})
+    assert cfg.store.local.io_threads == 8
+    assert load_config(env={"OBJECTCACHE_STORAGE_SERVER_READ_THREADS": "3"}).storage_server.read_threads == 3
+    with pytest.raises(ConfigError, match="store.local.io_threads"):
+        load_config(env={"OBJECTCACHE_STORE_LOCAL_IO_THREADS": "many"})
+
+
+def test_environment_names_are_generated_from_the_schema():
+    assert {"OBJECTCACHE_GATEWAY_PORT", "OBJECTCACHE_STORE_LOCAL_IO_THREADS", "OBJECTCACHE_STORAGE_SERVER_MAX_DESCRIPTOR_KEYS",
+            "OBJECTCACHE_LOG_LEVEL", "OBJECTCACHE_TENANTS"} <= set(ENV_VARS)
+    assert ENV_VARS["OBJECTCACHE_STORE_LOCAL_IO_THREADS"] == ("store", "local", "io_threads")
+
+
+def test_keys_have_names_that_do_not_collide():
+    cfg = load_config(env={})
+    assert (cfg.gateway.max_list_keys, cfg.storage_server.max_descriptor_keys) == (1000, 65536)
+    assert (cfg.store.local.io_threads, cfg.storage_server.read_threads) == (16, 0)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("[gateway]\nmax_keys = 10\n", "gateway.max_list_keys"),
+    ("[storage_server]\nmax_keys = 10\n", "storage_server.max_descriptor_keys"),
+    ("[store]\nio_threads = 4\n", "store.local.io_threads"),
+    ("[storage_server]\nio_threads = 4\n", "storage_server.read_threads"),
+])
+def test_old_key_names_are_refused_with_the_new_name(tmp_path, old, new):
+    with pytest.raises(ConfigError, match=f"renamed to {new}"):
+        load_config(write(tmp_path, old), env={})
+
+
+def test_unknown_environment_variable_is_refused_naming_it():
+    with pytest.raises(ConfigError, match="unknown environment variable OBJECTCACHE_GATEWAY_PROT .*OBJECTCACHE_GATEWAY_PORT"):
+        load_config(env={"OBJECTCACHE_GATEWAY_PROT": "9100"})
+    with pytest.raises(ConfigError, match="OBJECTCACHE_STORE_IO_THREADS .*renamed to OBJECTCACHE_STORE_LOCAL_IO_THREADS"):
+        load_config(env={"OBJECTCACHE_STORE_IO_THREADS": "4"})
+    # Variables without the prefix are none of the configuration's business.
+    assert load_config(env={"TEST_AWS_CLI": "/usr/bin/aws", "OBJECTCACHEX": "1"}) == Config()
+
+
+def test_log_level_is_an_ordinary_key():
+    assert load_config(env={}).log.level == "WARNING"
+    assert load_config(env={"OBJECTCACHE_LOG_LEVEL": "debug"}).log.level == "debug"
+
+
+def test_sections_validate_themselves_when_built():
+    with pytest.raises(ConfigError, match="gateway.port"):
+        GatewayConfig(port=-1)
+    with pytest.raises(ConfigError, match="store.local.io_threads"):
+        LocalStoreConfig(io_threads=0)
+
+
+def test_the_deploy_example_loads():
+    cfg = load_config(REPO / "deploy" / "objectcache.example.toml", env={})
+    assert cfg.store.local.io_threads == 16 and [t.name for t in cfg.tenants] == ["serving"]
+
+
+def test_the_readme_table_lists_every_key_and_no_other():
+    section = (REPO / "README.md").read_text().split("\n## Configuration\n")[1].split("\n## ")[0]
+    documented: set[str] = set()
+    for row in (line for line in section.splitlines() if line.startswith("| `")):
+        first, *more = re.findall(r"`([^`]+)`", row.split("|")[1])
+        if first == "[[tenants]]":
+            documented |= {f"tenants.{k}" for k in more}
+            continue
+        # "`bandwidth.dispatch_slots`, `.burst_layers`" names two keys of one table.
+        documented |= {first} | {first.rsplit(".", 1)[0] + k if k.startswith(".") else k for k in more}
+    schema = {".".join(p) for p in ENV_VARS.values() if p != ("tenants",)} | {f"tenants.{f.name}" for f in fields(Tenant)}
+    assert documented == schema

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import TransferDemand, allocate, objective
+from protocol.config import BANDWIDTH_POLICIES
+from scheduler import POLICIES, TransferDemand, allocate, objective
 
 GBPS = 1e9 / 8
 # Llama 3.1 8B on one A100 (DESIGN §7): total prefill compute in ms by (context K, hit rate).
@@ -147,3 +148,8 @@ def test_weights_scale_the_objective():
     d = [TransferDemand(1e6, 0.0, weight=1.0), TransferDemand(1e6, 0.0, weight=4.0)]
     rates = allocate("stall-opt", d, 3e6)
     assert rates[1] / rates[0] == pytest.approx(2.0)  # √(w·s)
+
+
+def test_the_contract_names_the_same_policies():
+    """protocol.config names the policies without importing the scheduler; the two lists stay equal."""
+    assert BANDWIDTH_POLICIES == POLICIES

@@ -25,7 +25,7 @@ def _encoder(req: S3Request):
 
 async def _page(req: S3Request, after: str) -> tuple[ListPage, int, str, str]:
     await req.owned_bucket()
-    limit = req.int_param("max-keys", req.config.max_keys, lo=0, hi=req.config.max_keys)
+    limit = req.int_param("max-keys", req.config.max_list_keys, lo=0, hi=req.config.max_list_keys)
     prefix, delimiter = req.query.get("prefix", ""), req.query.get("delimiter", "")
     page = await req.store.list_objects(req.bucket, prefix, delimiter, after, limit)
     return page, limit, prefix, delimiter
