@@ -15,14 +15,16 @@ from email.utils import parsedate_to_datetime
 from multidict import CIMultiDictProxy
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import KVOp
 
-# Sub-resources that are part of the V2 canonical resource (as botocore signs them).
+# Sub-resources that are part of the V2 canonical resource: S3's (as botocore signs them) and the KV
+# extensions', so a signature covers every query name that selects an operation.
 SUBRESOURCES = frozenset(
     "accelerate acl cors defaultObjectAcl location logging partNumber policy requestPayment torrent versioning versionId "
     "versions website uploads uploadId response-content-type response-content-language response-expires "
     "response-cache-control response-content-disposition response-content-encoding delete lifecycle tagging restore "
     "storageClass notification replication analytics metrics inventory select select-type object-lock".split()
-)
+) | frozenset(op.value for op in KVOp)
 
 
 def canonical_resource(resource_path: str, pairs: list[tuple[str, str]]) -> str:

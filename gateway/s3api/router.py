@@ -114,12 +114,18 @@ class Router:
         self._candidates: dict[tuple[str, Level], list[Route]] = {}
         for r in self.routes:
             self._candidates.setdefault((r.method, r.level), []).append(r)
+        # Query names that select an operation: a request may carry at most one of them.
+        self.selectors = frozenset(name for r in self.routes for name, _ in r._conditions)
 
     def match(self, method: str, level: Level, query: Mapping[str, str], headers: Container[str]) -> Route:
         """The route for a request; a pure function of its arguments (``headers`` needs only ``in``)."""
         for sub in query:
             if sub in UNSUPPORTED_SUBRESOURCES:
                 raise S3Error(ErrorCode.NotImplemented, f"The {sub!r} sub-resource is not implemented by ObjectCache.")
+        chosen = sorted(self.selectors.intersection(query))
+        if len(chosen) > 1:
+            # Never let one sub-resource ride on a request authorised for another (e.g. ?delete&kv-get).
+            raise S3Error(ErrorCode.InvalidRequest, f"The request names more than one operation: {', '.join(chosen)}.")
         for route in self._candidates.get((method, level), ()):
             if route.matches(query, headers):
                 return route

@@ -51,13 +51,9 @@ OPERATIONS = [
 # Shapes that look close to an operation and must select the right neighbour.
 NEIGHBOURS = [
     ("GET", B, {"list-type": "1"}, {}, "ListObjects"),  # only list-type=2 is v2
-    ("GET", B, {"location": "", "uploads": ""}, {}, "GetBucketLocation"),  # first row wins
-    ("GET", B, {"uploads": "", "list-type": "2"}, {}, "ListMultipartUploads"),
     ("GET", O, {"partNumber": "2"}, {}, "GetObject"),
     ("HEAD", O, {"uploadId": "u"}, {}, "HeadObject"),
     ("PUT", O, {"uploads": ""}, {}, "PutObject"),  # ?uploads is not ?uploadId
-    ("POST", O, {"uploads": "", "uploadId": "u"}, {}, "CreateMultipartUpload"),
-    ("POST", B, {"delete": "", "kv-put": ""}, {}, "KVPut"),  # an extension's sub-resource selects it first
     ("GET", S, {"kv-register": ""}, {}, "ListBuckets"),  # kv-register is POST only
     ("GET", S, {"max-buckets": "5"}, {}, "ListBuckets"),
 ]
@@ -93,6 +89,12 @@ ERRORS = [
     ("PUT", O, {"tagging": ""}, ErrorCode.NotImplemented),
     ("POST", B, {"kv-get": "", "versioning": ""}, ErrorCode.NotImplemented),  # before any extension
     ("PATCH", S, {"lifecycle": ""}, ErrorCode.NotImplemented),  # before the method check
+    # Two operation-selecting sub-resources: never let one ride on a request authorised for the other.
+    ("GET", B, {"location": "", "uploads": ""}, ErrorCode.InvalidRequest),
+    ("GET", B, {"uploads": "", "list-type": "2"}, ErrorCode.InvalidRequest),
+    ("POST", O, {"uploads": "", "uploadId": "u"}, ErrorCode.InvalidRequest),
+    ("POST", B, {"delete": "", "kv-put": ""}, ErrorCode.InvalidRequest),
+    ("POST", B, {"delete": "", "kv-get": ""}, ErrorCode.InvalidRequest),
 ]
 
 
