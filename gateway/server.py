@@ -7,6 +7,8 @@ table's answer (:mod:`gateway.s3api.router`, with :mod:`gateway.kv.routes`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from protocol.config import Config
@@ -14,6 +16,7 @@ from storage_server.store import ObjectStore
 
 from . import middleware
 from .auth.sigv4 import Credentials, RequestVerifier, parse_query
+from .connections import GuardedListener
 from .kv import handlers as kv_handlers
 from .kv import routes as kv_routes
 from .s3api import router
@@ -63,3 +66,21 @@ def build_app(config: Config, store: ObjectStore) -> web.Application:
 
     app.on_cleanup.append(close_store)
     return app
+
+
+async def start_gateway(config: Config, store: ObjectStore, host: str | None = None, port: int | None = None) -> tuple[int, Callable[[], Awaitable[None]]]:
+    """Serve the gateway on ``host:port`` (the config's by default) with the connection guards; the port and a stop function."""
+    # handler_cancellation: a client that disconnects cancels its handler at once,
+    # which closes the relayed storage-server stream and stops the transfer.
+    runner = web.AppRunner(build_app(config, store), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    gw = config.gateway
+    listener = GuardedListener(runner, gw.host if host is None else host, gw.port if port is None else port,
+                               header_timeout_s=gw.header_timeout_s, max_connections=gw.max_connections)
+    bound = await listener.start()
+
+    async def stop() -> None:
+        await listener.stop()
+        await runner.cleanup()
+
+    return bound, stop

@@ -60,23 +60,15 @@ async def _run_until_signal(start) -> None:
 
 
 def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
-    from aiohttp import web
-
-    from gateway.server import build_app
+    from gateway.server import start_gateway
     from storage_server.store import open_object_store
 
     cfg, _ = with_dev_tenant(cfg)
 
     async def start():
-        # handler_cancellation: a client that disconnects cancels its handler at once,
-        # which closes the relayed storage-server stream and stops the transfer.
-        runner = web.AppRunner(build_app(cfg, open_object_store(cfg)), access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, cfg.gateway.host, cfg.gateway.port, reuse_address=True)
-        await site.start()
-        port = runner.addresses[0][1]
+        port, stop = await start_gateway(cfg, open_object_store(cfg))
         print(f"{READY} gateway http://{cfg.gateway.host}:{port}", flush=True)
-        return runner.cleanup
+        return stop
 
     asyncio.run(_run_until_signal(start))
     return 0

@@ -87,9 +87,20 @@ class GatewayConfig(Section):
     max_list_keys: int = 1000
     # Largest kv-put batch body the gateway accepts.
     kv_max_put_bytes: int = 256 * 1024 * 1024
+    # A request's headers must arrive within this long of the connection opening or of the
+    # previous response (an idle keep-alive connection closes then too).
+    header_timeout_s: float = 30.0
+    # While a request body is read, the client may stay silent this long (then 400 RequestTimeout).
+    body_timeout_s: float = 60.0
+    # Open client connections at once; more are answered 503 and closed. Also bounded by half
+    # the process's file-descriptor limit.
+    max_connections: int = 4096
 
     def validate(self) -> None:
         self.require(0 <= self.port <= 65535, "port", f"{self.port} is not a TCP port (0..65535)")
+        self.require(self.header_timeout_s > 0, "header_timeout_s", "must be positive")
+        self.require(self.body_timeout_s > 0, "body_timeout_s", "must be positive")
+        self.require(self.max_connections >= 1, "max_connections", "must be at least 1")
         self.require(self.max_clock_skew_s > 0, "max_clock_skew_s", "must be positive")
         self.require(1 <= self.max_list_keys <= 1000, "max_list_keys", "must be in 1..1000")
         self.require(self.kv_max_put_bytes >= 1, "kv_max_put_bytes", "must be positive")

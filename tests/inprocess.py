@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import uvloop
-from aiohttp import web
 
-from gateway.server import build_app
+from gateway.server import start_gateway
 from protocol.config import load_config
 from storage_server.daemon import StorageServer
 from storage_server.kv_service import PacerFactory, TransferInfo
@@ -95,14 +94,11 @@ class InProcessNode:
         store = open_object_store(cfg)
         self.storage_server = StorageServer(cfg, store, open_chunk_source(cfg, store), self.pacers)
         rpc = await self.storage_server.start()
-        runner = web.AppRunner(build_app(cfg, open_object_store(cfg)), access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.endpoint = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        port, stop_gateway = await start_gateway(cfg, open_object_store(cfg), "127.0.0.1", 0)
+        self.endpoint = f"http://127.0.0.1:{port}"
 
         async def stop() -> None:
-            await runner.cleanup()
+            await stop_gateway()
             rpc.close()
             await rpc.wait_closed()
             await self.storage_server.close()

@@ -10,9 +10,11 @@ stores a body that failed verification.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from aiohttp import StreamReader
 
@@ -20,14 +22,30 @@ from protocol.errors import ErrorCode, S3Error
 
 from .sigv4 import EMPTY_SHA256, AuthResult, PayloadMode, hmac_hex
 
+T = TypeVar("T")
+
 READ_SIZE = 1 << 20
 MAX_CHUNK_HEADER = 4096
 
 
-async def _plain(content: StreamReader, expected_sha256: str | None) -> AsyncIterator[bytes]:
+class _Silence:
+    """How long a client may send nothing while its body is read (then 400 RequestTimeout, as S3 answers)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    async def __call__(self, read: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await read
+        except TimeoutError:
+            raise S3Error(ErrorCode.RequestTimeout, f"The client sent no body bytes for {self.timeout_s:g} s.") from None
+
+
+async def _plain(content: StreamReader, expected_sha256: str | None, silence: _Silence) -> AsyncIterator[bytes]:
     h = hashlib.sha256() if expected_sha256 else None
     while True:
-        chunk = await content.read(READ_SIZE)
+        chunk = await silence(content.read(READ_SIZE))
         if not chunk:
             break
         if h is not None:
@@ -40,9 +58,11 @@ async def _plain(content: StreamReader, expected_sha256: str | None) -> AsyncIte
         )
 
 
-async def _line(content: StreamReader) -> bytes:
+async def _line(content: StreamReader, silence: _Silence) -> bytes:
     try:
-        line = await content.readuntil(b"\r\n")
+        line = await silence(content.readuntil(b"\r\n"))
+    except S3Error:
+        raise
     except Exception as exc:  # LimitOverrunError, IncompleteReadError, EOF
         raise S3Error(ErrorCode.IncompleteBody, f"Malformed aws-chunked body: {exc.__class__.__name__}") from None
     if len(line) > MAX_CHUNK_HEADER:
@@ -50,20 +70,22 @@ async def _line(content: StreamReader) -> bytes:
     return line[:-2]
 
 
-async def _exact(content: StreamReader, n: int) -> bytes:
+async def _exact(content: StreamReader, n: int, silence: _Silence) -> bytes:
     try:
-        return await content.readexactly(n)
+        return await silence(content.readexactly(n))
+    except S3Error:
+        raise
     except Exception:
         raise S3Error(ErrorCode.IncompleteBody) from None
 
 
-async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[str, str]) -> AsyncIterator[bytes]:
+async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[str, str], silence: _Silence) -> AsyncIterator[bytes]:
     """Decode ``aws-chunked``; verify chunk signatures (signed modes) and collect trailers."""
     mode = auth.payload_mode
     signed = mode in (PayloadMode.STREAMING_SIGNED, PayloadMode.STREAMING_SIGNED_TRAILER)
     prev_sig = auth.seed_signature
     while True:
-        header = (await _line(content)).decode("latin-1")
+        header = (await _line(content, silence)).decode("latin-1")
         size_s, _, ext = header.partition(";")
         try:
             size = int(size_s.strip(), 16)
@@ -73,7 +95,7 @@ async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[s
         digest = hashlib.sha256() if signed else None
         remaining = size
         while remaining:
-            piece = await _exact(content, min(remaining, READ_SIZE))
+            piece = await _exact(content, min(remaining, READ_SIZE), silence)
             remaining -= len(piece)
             if digest is not None:
                 digest.update(piece)
@@ -89,13 +111,13 @@ async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[s
             prev_sig = sig.strip()
         if size == 0:
             break
-        if await _exact(content, 2) != b"\r\n":
+        if await _exact(content, 2, silence) != b"\r\n":
             raise S3Error(ErrorCode.IncompleteBody, "aws-chunked chunk data not followed by CRLF")
     # Trailers (possibly none), then an empty line.
     trailer_lines: list[str] = []
     trailer_sig = None
     while True:
-        line = (await _line(content)).decode("latin-1")
+        line = (await _line(content, silence)).decode("latin-1")
         if not line:
             break
         name, _, value = line.partition(":")
@@ -116,8 +138,10 @@ async def _aws_chunked(content: StreamReader, auth: AuthResult, trailers: dict[s
             raise S3Error(ErrorCode.SignatureDoesNotMatch, "The trailer signature does not match.")
 
 
-def body_stream(content: StreamReader, auth: AuthResult, trailers: dict[str, str]) -> AsyncIterator[bytes]:
-    """The verified, decoded body. ``trailers`` is filled before the stream ends."""
+def body_stream(content: StreamReader, auth: AuthResult, trailers: dict[str, str], silence_s: float = 60.0) -> AsyncIterator[bytes]:
+    """The verified, decoded body. ``trailers`` is filled before the stream ends; a client silent for
+    ``silence_s`` while its body is read gets ``RequestTimeout``."""
+    silence = _Silence(silence_s)
     if auth.payload_mode.is_streaming:
-        return _aws_chunked(content, auth, trailers)
-    return _plain(content, auth.payload_sha256 if auth.payload_mode == PayloadMode.SIGNED else None)
+        return _aws_chunked(content, auth, trailers, silence)
+    return _plain(content, auth.payload_sha256 if auth.payload_mode == PayloadMode.SIGNED else None, silence)

@@ -100,7 +100,7 @@ class S3Request:
 
     def body(self) -> AsyncIterator[bytes]:
         """The decoded, verified request body (fills ``trailers`` as it ends)."""
-        return body_stream(self.http.content, self.auth, self.trailers)
+        return body_stream(self.http.content, self.auth, self.trailers, self.config.body_timeout_s)
 
     async def body_bytes(self, limit: int) -> bytes:
         """The whole (small) body, with its declared Content-MD5 / x-amz-checksum-* verified."""
