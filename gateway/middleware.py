@@ -26,7 +26,6 @@ log = logging.getLogger("objectcache.gateway")
 UNKNOWN_OPERATION = "Unknown"  # the request failed before routing (e.g. authentication)
 CLIENT_CLOSED = 499  # hook status of a request whose connection went away (nginx's "client closed request")
 
-STATE = "objectcache"  # a string key: web.RequestKey needs aiohttp 3.14, above our floor
 
 
 @dataclass
@@ -37,6 +36,9 @@ class RequestState:
     addr: Address | None = None  # once parsed: errors name their resource from it
     operation: str = UNKNOWN_OPERATION  # the matched route's
     tenant: str | None = None  # once authenticated
+
+
+STATE = web.RequestKey("objectcache", RequestState)
 
 
 def state(request: web.Request) -> RequestState:
@@ -130,6 +132,12 @@ def _bytes_out(request: web.Request, resp: web.StreamResponse) -> int:
 async def s3_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """S3Error → its XML body and status; anything unexpected → logged, 500 InternalError."""
     st = state(request)
+    if "Content-Length" in request.headers and "Transfer-Encoding" in request.headers:
+        # Two framings at once is how requests are smuggled past proxies: refuse, and end the connection.
+        resp = error_response(S3Error(ErrorCode.InvalidRequest, "A request may not carry both Content-Length and Transfer-Encoding."),
+                              st.request_id, request.method)
+        resp.force_close()
+        return resp
     try:
         return await handler(request)
     except S3Error as err:

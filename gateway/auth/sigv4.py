@@ -92,7 +92,10 @@ def parse_query(raw_query: str) -> list[tuple[str, str]]:
         if not item:
             continue
         k, _, v = item.partition("=")
-        pairs.append((unquote(k), unquote(v)))
+        try:
+            pairs.append((unquote(k, errors="strict"), unquote(v, errors="strict")))
+        except UnicodeDecodeError:
+            raise S3Error(ErrorCode.InvalidURI, f"The query parameter {k[:40]!r} is not valid UTF-8 once percent-decoded.") from None
     return pairs
 
 

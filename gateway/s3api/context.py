@@ -18,6 +18,7 @@ from protocol.errors import ErrorCode, S3Error
 from storage_server.store import BucketInfo, ObjectStore
 
 from . import headers as h
+from . import xml
 
 MAX_KEY_BYTES = 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -147,4 +148,4 @@ class S3Request:
     def key_checked(self) -> str:
         if len(self.key.encode()) > MAX_KEY_BYTES:
             raise S3Error(ErrorCode.KeyTooLongError, resource=self.resource, extra={"MaxSizeAllowed": str(MAX_KEY_BYTES)})
-        return self.key
+        return xml.check_text("key", self.key)  # a key listings could not carry is refused when it is written

@@ -30,7 +30,10 @@ def address(raw_path: str, host: str, domains: tuple[str, ...]) -> Address:
     ``bucket.<domain>`` hosts select virtual-hosted style, where the whole
     path is the key; otherwise the first path segment is the bucket.
     """
-    path = unquote(raw_path)
+    try:
+        path = unquote(raw_path, errors="strict")  # invalid UTF-8 must not turn two keys into one
+    except UnicodeDecodeError:
+        raise S3Error(ErrorCode.InvalidURI, "The request path is not valid UTF-8 once percent-decoded.") from None
     hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     for domain in domains:
         if hostname.endswith("." + domain):

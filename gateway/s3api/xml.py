@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 import xml.etree.ElementTree as ET
 from email.utils import formatdate
 from typing import Any
+
+import defusedxml.ElementTree as defused
+from defusedxml import DefusedXmlException
 
 from protocol.errors import ErrorCode, S3Error
 
@@ -13,6 +17,18 @@ S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_REQUEST_XML = 2 * 1024 * 1024
 
 Node = tuple[str, Any]  # (tag, text | list[Node] | None)
+
+
+# Characters XML 1.0 cannot carry (not even as references): a key or parameter holding one could only
+# produce a listing that is not well-formed.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def check_text(name: str, value: str) -> str:
+    """``value`` if XML can carry it; InvalidArgument naming ``name`` if not."""
+    if _NOT_XML.search(value):
+        raise S3Error(ErrorCode.InvalidArgument, f"{name} contains a control character XML cannot carry.", extra={"ArgumentName": name})
+    return value
 
 
 def iso8601(ts: float) -> str:
@@ -33,7 +49,7 @@ def _fill(parent: ET.Element, children: list[Node]) -> None:
         elif isinstance(value, bool):
             el.text = "true" if value else "false"
         else:
-            el.text = str(value)
+            el.text = _NOT_XML.sub("\ufffd", str(value))  # never emit a document that is not well-formed
 
 
 def document(root: str, children: list[Node], namespace: bool = True) -> bytes:
@@ -65,9 +81,11 @@ def parse(body: bytes, root: str) -> ET.Element:
     if not body:
         raise S3Error(ErrorCode.MalformedXML, f"Missing <{root}> request body.")
     try:
-        el = ET.fromstring(body)
+        el = defused.fromstring(body, forbid_dtd=True)
     except ET.ParseError as e:
         raise S3Error(ErrorCode.MalformedXML, f"The XML you provided was not well-formed: {e}") from None
+    except DefusedXmlException as e:  # entities, DTDs, external references: never expanded
+        raise S3Error(ErrorCode.MalformedXML, f"The XML you provided uses a forbidden construct ({e.__class__.__name__}).") from None
     if _local(el.tag) != root:
         raise S3Error(ErrorCode.MalformedXML, f"Expected root element <{root}>, got <{_local(el.tag)}>.")
     return el

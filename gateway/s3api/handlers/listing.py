@@ -27,6 +27,9 @@ async def _page(req: S3Request, after: str) -> tuple[ListPage, int, str, str]:
     await req.owned_bucket()
     limit = req.int_param("max-keys", req.config.max_list_keys, lo=0, hi=req.config.max_list_keys)
     prefix, delimiter = req.query.get("prefix", ""), req.query.get("delimiter", "")
+    if "encoding-type" not in req.query:  # echoed raw: they must be text XML can carry
+        for name, value in (("prefix", prefix), ("delimiter", delimiter), ("marker", after)):
+            xml.check_text(name, value)
     page = await req.store.list_objects(req.bucket, prefix, delimiter, after, limit)
     return page, limit, prefix, delimiter
 

@@ -12,7 +12,7 @@ from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
 from .. import headers as h
 from .. import xml
-from ..context import S3Request
+from ..context import MAX_KEY_BYTES, S3Request
 from .common import empty, xml_response
 
 MAX_DELETE_KEYS = 1000
@@ -107,6 +107,9 @@ async def delete_object(req: S3Request) -> web.Response:
 
 async def delete_objects(req: S3Request) -> web.Response:
     await req.owned_bucket()
+    if "Content-MD5" not in req.headers and not any(k.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum-")) for k in req.headers):
+        # S3 requires an integrity check on this request: a corrupted body could delete other keys.
+        raise S3Error(ErrorCode.InvalidRequest, "Missing required header for this request: Content-MD5 (or an x-amz-checksum-* header).")
     doc = xml.parse(await req.body_bytes(xml.MAX_REQUEST_XML), "Delete")
     quiet = (xml.child_text(doc, "Quiet", "false") or "").strip().lower() == "true"
     objects = xml.children(doc, "Object")
@@ -118,6 +121,9 @@ async def delete_objects(req: S3Request) -> web.Response:
         key = xml.child_text(obj, "Key")
         if key is None:
             raise S3Error(ErrorCode.MalformedXML, "Every <Object> needs a <Key>.")
+        if len(key.encode()) > MAX_KEY_BYTES:
+            results.append(("Error", [("Key", key), ("Code", ErrorCode.KeyTooLongError.name), ("Message", ErrorCode.KeyTooLongError.default_message)]))
+            continue
         version = xml.child_text(obj, "VersionId")
         if version not in (None, "null"):
             results.append(("Error", [("Key", key), ("VersionId", version), ("Code", ErrorCode.NoSuchVersion.name),
