@@ -31,8 +31,7 @@ def _local_store(config: Config) -> ObjectStore:
 
 
 def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
-    from .localdisk import LocalDiskStore
-    from .localdisk_chunks import LocalDiskChunkSource
+    from .localdisk import LocalDiskChunkSource, LocalDiskStore
 
     assert isinstance(store, LocalDiskStore)
     # Chunk files kept open between transfers, bounded by half the process's file limit.

@@ -1,8 +1,7 @@
-"""The small interface every object store backend implements.
+"""The object-store interface: the S3 operations the gateway serves through a backend.
 
-The gateway serves plain S3 through it and the storage-server daemon reads KV
-chunk objects through it. Methods are async so a network backend (upstream S3)
-fits as naturally as the local disk. Records crossing the interface are frozen
+(The KV path reads through :mod:`.chunk_source`.) Methods are async so a network
+backend (upstream S3) fits as naturally as the local disk. Records crossing the interface are frozen
 dataclasses; failures are :class:`~protocol.errors.S3Error`.
 """
 
@@ -11,6 +10,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from protocol.errors import ErrorCode, S3Error
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,19 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
+def unsupported(operation: str, store: object) -> S3Error:
+    return S3Error(ErrorCode.NotImplemented, f"{operation} is not supported by the {type(store).__name__} store.")
+
+
 class ObjectStore(abc.ABC):
-    """An object store. Implementations must make writes atomic and durable."""
+    """An object store: the S3 operations the gateway serves.
+
+    The core (buckets, put/head/open/delete, listing) is abstract. Everything else has a
+    default in the style of versitygw's ``BackendUnsupported``: a generic implementation
+    where one exists (``put_many``, ``delete_many``), otherwise ``501 NotImplemented``
+    naming the operation, so a new backend starts small and grows operation by operation.
+    Implementations make writes atomic and durable.
+    """
 
     # -- buckets -----------------------------------------------------------
     @abc.abstractmethod
@@ -140,15 +153,10 @@ class ObjectStore(abc.ABC):
     # -- objects -----------------------------------------------------------
     @abc.abstractmethod
     async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta: ...
-    async def put_many(self, bucket: str, items: list[tuple[str, bytes, PutSpec]], owner: str) -> list[ObjectMeta]:
-        """Store many small objects; all are durable before it returns.
 
-        Backends override this to amortise durability work over the batch.
-        """
-        out = []
-        for key, data, spec in items:
-            out.append(await self.put_object(bucket, key, _once(data), spec, owner))
-        return out
+    async def put_many(self, bucket: str, items: list[tuple[str, bytes | memoryview, PutSpec]], owner: str) -> list[ObjectMeta]:
+        """Store many small objects; all are durable before it returns. Backends override it to amortise durability."""
+        return [await self.put_object(bucket, key, _once(bytes(data)), spec, owner) for key, data, spec in items]
 
     @abc.abstractmethod
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
@@ -157,37 +165,63 @@ class ObjectStore(abc.ABC):
         """The current version, open, with up to ``prefetch`` leading bytes already read (NoSuchKey if none)."""
     @abc.abstractmethod
     async def delete_object(self, bucket: str, key: str) -> None: ...
+
     async def delete_many(self, bucket: str, keys: list[str]) -> None:
         """Delete many keys (missing ones are not an error). Backends batch this."""
         for key in keys:
             await self.delete_object(bucket, key)
 
-    @abc.abstractmethod
-    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta: ...
+    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
+        raise unsupported("CopyObject", self)
+
     @abc.abstractmethod
     async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> ListPage: ...
 
     # -- multipart ---------------------------------------------------------
-    @abc.abstractmethod
-    async def create_upload(self, bucket: str, key: str, spec: PutSpec, owner: str) -> UploadInfo: ...
-    @abc.abstractmethod
-    async def get_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo: ...
-    @abc.abstractmethod
-    async def upload_part(self, upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo: ...
-    @abc.abstractmethod
-    async def upload_part_copy(self, upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo: ...
-    @abc.abstractmethod
-    async def list_parts(self, upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]: ...
-    @abc.abstractmethod
-    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta: ...
-    @abc.abstractmethod
-    async def abort_upload(self, upload: UploadInfo) -> None: ...
-    @abc.abstractmethod
-    async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]: ...
+    async def create_upload(self, bucket: str, key: str, spec: PutSpec, owner: str) -> UploadInfo:
+        raise unsupported("CreateMultipartUpload", self)
 
+    async def get_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        raise unsupported("Multipart upload", self)
+
+    async def upload_part(self, upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo:
+        raise unsupported("UploadPart", self)
+
+    async def upload_part_copy(self, upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo:
+        raise unsupported("UploadPartCopy", self)
+
+    async def list_parts(self, upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]:
+        raise unsupported("ListParts", self)
+
+    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta:
+        """``parts``: (part number, ETag, checksums the client claims) in request order."""
+        raise unsupported("CompleteMultipartUpload", self)
+
+    async def abort_upload(self, upload: UploadInfo) -> None:
+        raise unsupported("AbortMultipartUpload", self)
+
+    async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]:
+        """Uploads in progress under ``prefix`` after (key, upload id), in that order."""
+        raise unsupported("ListMultipartUploads", self)
+
+    async def list_uploads_page(self, bucket: str, prefix: str, delimiter: str, key_marker: str, upload_marker: str,
+                                limit: int) -> "UploadPage":
+        """One ListMultipartUploads page, rolled up by ``delimiter`` (the same rule as object listings)."""
+        from .rules import group_uploads
+
+        async def fetch(after_key: str, after_upload: str, n: int) -> list[UploadInfo]:
+            return await self.list_uploads(bucket, prefix, after_key, after_upload, n)
+
+        return await group_uploads(fetch, prefix, delimiter, key_marker, upload_marker, limit)
+
+    # -- housekeeping ------------------------------------------------------
     async def reclaim_orphans(self) -> int:
-        """Delete stored bytes that no metadata references (crash leftovers); returns how many files."""
+        """Delete stored bytes that no metadata references (crash leftovers); returns how many."""
         return 0
 
     async def close(self) -> None:
         """Release resources (connections, pools)."""
+
+
+if TYPE_CHECKING:
+    from .rules import UploadPage

@@ -138,46 +138,25 @@ async def list_multipart_uploads(req: S3Request) -> web.Response:
     if not key_marker:
         # An upload-id marker without a key marker is ignored, as S3 does.
         upload_marker = ""
-    uploads: list[xml.Node] = []
-    prefixes: list[str] = []
-    truncated = False
-    last_key, last_upload = key_marker, upload_marker
-    next_key, next_upload = None, None
-    while True:
-        batch = await req.store.list_uploads(req.bucket, prefix, last_key, last_upload, limit + 1)
-        if not batch:
-            break
-        for u in batch:
-            last_key, last_upload = u.key, u.upload_id
-            if len(uploads) + len(prefixes) >= limit:
-                truncated = True
-                break
-            if delimiter:
-                i = u.key.find(delimiter, len(prefix))
-                if i >= 0:
-                    cp = u.key[: i + len(delimiter)]
-                    if cp not in prefixes:
-                        prefixes.append(cp)
-                        next_key, next_upload = cp, None
-                    continue
-            uploads.append(("Upload", [("Key", u.key), ("UploadId", u.upload_id), ("Initiator", _owner(u.owner)),
-                                       ("Owner", _owner(u.owner)), ("StorageClass", "STANDARD"), ("Initiated", xml.iso8601(u.initiated))]))
-            next_key, next_upload = u.key, u.upload_id
-        if truncated or len(batch) <= limit:
-            break
+    page = await req.store.list_uploads_page(req.bucket, prefix, delimiter, key_marker, upload_marker, limit)
+    uploads: list[xml.Node] = [
+        ("Upload", [("Key", u.key), ("UploadId", u.upload_id), ("Initiator", _owner(u.owner)), ("Owner", _owner(u.owner)),
+                    ("StorageClass", "STANDARD"), ("Initiated", xml.iso8601(u.initiated))])
+        for u in page.uploads
+    ]
     return xml_response(
         "ListMultipartUploadsResult",
         [
             ("Bucket", req.bucket),
             ("KeyMarker", key_marker),
             ("UploadIdMarker", upload_marker),
-            ("NextKeyMarker", next_key if truncated else None),
-            ("NextUploadIdMarker", next_upload if truncated else None),
+            ("NextKeyMarker", page.next_key_marker),
+            ("NextUploadIdMarker", page.next_upload_id_marker),
             ("Prefix", prefix),
             ("Delimiter", delimiter or None),
             ("MaxUploads", limit),
-            ("IsTruncated", truncated),
+            ("IsTruncated", page.is_truncated),
             *uploads,
-            *[("CommonPrefixes", [("Prefix", p)]) for p in prefixes],
+            *[("CommonPrefixes", [("Prefix", p)]) for p in page.common_prefixes],
         ],
     )

@@ -9,7 +9,7 @@ import pytest
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 from support import boto_client, serving
 
-from storage_server.store.open_files import MissingFile, OpenFileCache
+from storage_server.store.localdisk.open_files import MissingFile, OpenFileCache
 
 
 @pytest.fixture

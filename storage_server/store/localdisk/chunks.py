@@ -1,7 +1,7 @@
 """The local-disk store as a chunk source: chunk files pinned through a shared open-file cache.
 
 Pinning a chunk takes a reference on its open file descriptor (opened once,
-kept between transfers; see :mod:`storage_server.store.open_files`). A delete
+kept between transfers; see :mod:`storage_server.store.localdisk.open_files`). A delete
 or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
 """
@@ -14,10 +14,10 @@ import functools
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
-from .chunk_source import ChunkHandle, ChunkSource, PinnedChunks
-from .localdisk import LocalDiskStore
-from .object_store import PutSpec
+from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..object_store import PutSpec
 from .open_files import MissingFile, OpenFileCache
+from .store import LocalDiskStore
 
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
 

@@ -1,0 +1,370 @@
+"""The local-disk store's metadata index: buckets, object rows, uploads and parts in SQLite.
+
+Every statement the store runs is here. Keys are stored as BLOBs so SQLite orders
+them by their UTF-8 bytes, which is S3's listing order. The gateway and the
+storage server open the same database: WAL mode gives one writer at a time and
+many readers across processes, and ``synchronous=FULL`` makes a commit durable.
+Methods are blocking; the store calls them on its I/O pool.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+from protocol.errors import ErrorCode, S3Error
+
+from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, PutSpec, UploadInfo
+from ..rules import check_immutable_reput, common_prefix
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    name TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, region TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS objects (
+    bucket TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
+    mtime REAL NOT NULL, content_type TEXT NOT NULL, user_meta TEXT NOT NULL,
+    sys_headers TEXT NOT NULL, checksums TEXT NOT NULL, part_sizes TEXT NOT NULL,
+    path TEXT NOT NULL, owner TEXT NOT NULL, immutable INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key BLOB NOT NULL,
+    initiated REAL NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, upload_id);
+CREATE TABLE IF NOT EXISTS parts (
+    upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, size INTEGER NOT NULL,
+    etag TEXT NOT NULL, mtime REAL NOT NULL, checksums TEXT NOT NULL, path TEXT NOT NULL,
+    PRIMARY KEY (upload_id, part_number)
+) WITHOUT ROWID;
+"""
+
+OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable"
+UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
+
+# (path of the published file, its metadata, whether it is an immutable KV chunk)
+Published = tuple[Path, ObjectMeta, bool]
+
+
+def key_successor(k: bytes) -> bytes | None:
+    """Smallest byte string greater than every string starting with ``k``."""
+    k = k.rstrip(b"\xff")
+    if not k:
+        return None
+    return k[:-1] + bytes([k[-1] + 1])
+
+
+def _spec_to_json(spec: PutSpec) -> str:
+    return json.dumps({"content_type": spec.content_type, "user_metadata": spec.user_metadata,
+                       "system_headers": spec.system_headers, "checksum_algorithms": list(spec.checksum_algorithms)})
+
+
+def _spec_from_json(s: str) -> PutSpec:
+    d = json.loads(s)
+    return PutSpec(content_type=d["content_type"], user_metadata=d["user_metadata"], system_headers=d["system_headers"],
+                   checksum_algorithms=tuple(d["checksum_algorithms"]))
+
+
+def _row_to_meta(r: tuple) -> ObjectMeta:
+    return ObjectMeta(bucket=r[0], key=r[1].decode(), size=r[2], etag=r[3], last_modified=r[4], content_type=r[5],
+                      user_metadata=json.loads(r[6]), system_headers=json.loads(r[7]), checksums=json.loads(r[8]),
+                      part_sizes=tuple(json.loads(r[9])), owner=r[11], locator=r[10])
+
+
+def _row_to_upload(r: tuple) -> UploadInfo:
+    return UploadInfo(r[0], r[1], r[2].decode(), r[3], r[4], _spec_from_json(r[5]))
+
+
+def _no_such_bucket(bucket: str) -> S3Error:
+    return S3Error(ErrorCode.NoSuchBucket, resource=f"/{bucket}", extra={"BucketName": bucket})
+
+
+class MetadataIndex:
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self._local = threading.local()
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+            db.execute("PRAGMA user_version = 1")
+
+    # -- plumbing ------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=30000")
+        return db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect()
+        return db
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in one immediate (writer) transaction."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(db)
+            db.execute("COMMIT")
+        except BaseException as e:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.OperationalError) and "full" in str(e):  # SQLITE_FULL: the disk is
+                raise S3Error(ErrorCode.InsufficientStorage, "The store's disk is full; nothing of this request was stored.") from None
+            raise
+        return result
+
+    @staticmethod
+    def _bucket_exists(db: sqlite3.Connection, bucket: str) -> None:
+        if db.execute("SELECT 1 FROM buckets WHERE name=?", (bucket,)).fetchone() is None:
+            raise _no_such_bucket(bucket)
+
+    @staticmethod
+    def _insert_object(db: sqlite3.Connection, m: ObjectMeta, path: str, immutable: bool) -> None:
+        db.execute(
+            f"INSERT OR REPLACE INTO objects ({OBJECT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (m.bucket, m.key.encode(), m.size, m.etag, m.last_modified, m.content_type, json.dumps(m.user_metadata),
+             json.dumps(m.system_headers), json.dumps(m.checksums), json.dumps(list(m.part_sizes)), path, m.owner, int(immutable)),
+        )
+
+    @staticmethod
+    def _object_path(db: sqlite3.Connection, bucket: str, key: str) -> str | None:
+        row = db.execute("SELECT path FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
+        return row[0] if row else None
+
+    # -- buckets ---------------------------------------------------------------
+    def create_bucket(self, name: str, owner: str, region: str) -> None:
+        def tx(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT owner FROM buckets WHERE name=?", (name,)).fetchone()
+            if row is not None:
+                code = ErrorCode.BucketAlreadyOwnedByYou if row[0] == owner else ErrorCode.BucketAlreadyExists
+                raise S3Error(code, resource=f"/{name}", extra={"BucketName": name})
+            db.execute("INSERT INTO buckets VALUES (?,?,?,?)", (name, owner, time.time(), region))
+
+        self._write(tx)
+
+    def get_bucket(self, name: str) -> BucketInfo:
+        row = self.db.execute("SELECT name, owner, created, region FROM buckets WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise _no_such_bucket(name)
+        return BucketInfo(*row)
+
+    def delete_bucket(self, name: str) -> list[str]:
+        """Remove an empty bucket and its abandoned uploads; their ids (their part files go next)."""
+        def tx(db: sqlite3.Connection) -> list[str]:
+            self._bucket_exists(db, name)
+            if db.execute("SELECT 1 FROM objects WHERE bucket=? LIMIT 1", (name,)).fetchone():
+                raise S3Error(ErrorCode.BucketNotEmpty, resource=f"/{name}", extra={"BucketName": name})
+            uploads = [r[0] for r in db.execute("SELECT upload_id FROM uploads WHERE bucket=?", (name,))]
+            for u in uploads:
+                db.execute("DELETE FROM parts WHERE upload_id=?", (u,))
+            db.execute("DELETE FROM uploads WHERE bucket=?", (name,))
+            db.execute("DELETE FROM buckets WHERE name=?", (name,))
+            return uploads
+
+        return self._write(tx)
+
+    def list_buckets(self, owner: str, prefix: str, after: str, limit: int) -> list[BucketInfo]:
+        rows = self.db.execute(
+            "SELECT name, owner, created, region FROM buckets WHERE owner=? AND name>? AND substr(name,1,?)=? ORDER BY name LIMIT ?",
+            (owner, after, len(prefix), prefix, limit))
+        return [BucketInfo(*r) for r in rows]
+
+    # -- objects ---------------------------------------------------------------
+    def current(self, bucket: str, key: str) -> ObjectMeta:
+        """The key's metadata (its ``locator`` is its file), or NoSuchKey (NoSuchBucket if the bucket is gone too)."""
+        db = self.db
+        row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
+        if row is None:
+            self._bucket_exists(db, bucket)
+            raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
+        return _row_to_meta(row)
+
+    def commit(self, bucket: str, published: list[Published]) -> tuple[list[ObjectMeta], list[str]]:
+        """Make published files visible in one transaction (or none of them): their metadata, and the
+        files that became garbage (replaced objects, no-op re-puts of immutable chunks)."""
+        def tx(db: sqlite3.Connection) -> tuple[list[ObjectMeta], list[str]]:
+            self._bucket_exists(db, bucket)
+            results, garbage = [], []
+            for final, meta, immutable in published:
+                old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
+                if old is not None and (immutable or old[12]):
+                    existing = _row_to_meta(old)
+                    check_immutable_reput(existing, meta)
+                    garbage.append(str(final))
+                    results.append(existing)
+                    continue
+                if old is not None:
+                    garbage.append(old[10])
+                self._insert_object(db, meta, str(final), immutable)
+                results.append(replace(meta, locator=str(final)))
+            return results, garbage
+
+        return self._write(tx)
+
+    def replace_metadata(self, meta: ObjectMeta) -> ObjectMeta:
+        """A copy onto itself: the same bytes under new metadata."""
+        def tx(db: sqlite3.Connection) -> ObjectMeta:
+            path = self._object_path(db, meta.bucket, meta.key)
+            if path is None:
+                raise S3Error(ErrorCode.NoSuchKey, resource=f"/{meta.bucket}/{meta.key}", extra={"Key": meta.key})
+            self._insert_object(db, meta, path, False)
+            return meta
+
+        return self._write(tx)
+
+    def delete(self, bucket: str, keys: list[str]) -> list[str]:
+        """Remove rows (missing keys are fine); the files they referenced."""
+        def tx(db: sqlite3.Connection) -> list[str]:
+            self._bucket_exists(db, bucket)
+            paths = []
+            for key in keys:
+                row = db.execute("DELETE FROM objects WHERE bucket=? AND key=? RETURNING path", (bucket, key.encode())).fetchone()
+                if row:
+                    paths.append(row[0])
+            return paths
+
+        return self._write(tx)
+
+    def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
+        """For each key, its file and size (None if absent), in one query per 900 keys."""
+        db = self.db
+        self._bucket_exists(db, bucket)
+        found: dict[bytes, tuple[str, int]] = {}
+        encoded = [k.encode() for k in keys]
+        for i in range(0, len(encoded), 900):
+            batch = encoded[i : i + 900]
+            rows = db.execute(f"SELECT key, path, size FROM objects WHERE bucket=? AND key IN ({','.join('?' * len(batch))})", (bucket, *batch))
+            for k, path, size in rows:
+                found[k] = (path, size)
+        return [found.get(k) for k in encoded]
+
+    def referenced_names(self) -> set[str]:
+        """The file names object rows point at."""
+        return {path.rsplit("/", 1)[-1] for (path,) in self.db.execute("SELECT path FROM objects")}
+
+    def list_objects(self, bucket: str, prefix: str, delimiter: str, after: str, limit: int) -> ListPage:
+        """Ordered listing that jumps over each common prefix with one index seek."""
+        db = self.db
+        self._bucket_exists(db, bucket)
+        pb, after_b = prefix.encode(), after.encode()
+        upper = key_successor(pb) if pb else None
+        pos, inclusive = (after_b, False) if after_b >= pb else (pb, True)
+        objects: list[ObjectMeta] = []
+        prefixes: list[str] = []
+        last: str | None = None
+        batch = min(max(limit, 1) + 1, 1000)
+
+        def page(pos: bytes, inclusive: bool, n: int) -> list[tuple]:
+            sql = f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key {'>=' if inclusive else '>'} ?"
+            args: list = [bucket, pos]
+            if upper is not None:
+                sql += " AND key < ?"
+                args.append(upper)
+            return db.execute(sql + " ORDER BY key LIMIT ?", [*args, n]).fetchall()
+
+        while True:
+            rows = page(pos, inclusive, batch)
+            if not rows:
+                return ListPage(objects, prefixes, False, last)
+            jumped = False
+            for r in rows:
+                k: bytes = r[1]
+                cp = common_prefix(k.decode(), prefix, delimiter)
+                if cp is not None:
+                    if not (after and cp.encode() <= after_b):
+                        if len(objects) + len(prefixes) >= limit:
+                            return ListPage(objects, prefixes, True, last)
+                        prefixes.append(cp)
+                        last = cp
+                    nxt = key_successor(cp.encode())
+                    if nxt is None:
+                        return ListPage(objects, prefixes, False, last)
+                    pos, inclusive, jumped = nxt, True, True
+                    break
+                if len(objects) + len(prefixes) >= limit:
+                    return ListPage(objects, prefixes, True, last)
+                objects.append(_row_to_meta(r))
+                last = objects[-1].key
+                pos, inclusive = k, False
+            if not jumped and len(rows) < batch:
+                return ListPage(objects, prefixes, False, last)
+
+    # -- multipart -------------------------------------------------------------
+    def create_upload(self, info: UploadInfo) -> None:
+        def tx(db: sqlite3.Connection) -> None:
+            self._bucket_exists(db, info.bucket)
+            db.execute(f"INSERT INTO uploads ({UPLOAD_COLUMNS}) VALUES (?,?,?,?,?,?)",
+                       (info.upload_id, info.bucket, info.key.encode(), info.initiated, info.owner, _spec_to_json(info.spec)))
+
+        self._write(tx)
+
+    def get_upload(self, bucket: str, key: str, upload_id: str) -> UploadInfo:
+        row = self.db.execute(f"SELECT {UPLOAD_COLUMNS} FROM uploads WHERE upload_id=? AND bucket=? AND key=?",
+                              (upload_id, bucket, key.encode())).fetchone()
+        if row is None:
+            self._bucket_exists(self.db, bucket)
+            raise S3Error(ErrorCode.NoSuchUpload, resource=f"/{bucket}/{key}", extra={"UploadId": upload_id})
+        return _row_to_upload(row)
+
+    def commit_part(self, upload_id: str, part: PartInfo, path: str) -> str | None:
+        """Record (or replace) a part; the file of the part it replaced."""
+        def tx(db: sqlite3.Connection) -> str | None:
+            if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
+                raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
+            old = db.execute("SELECT path FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part.part_number)).fetchone()
+            db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?,?,?)",
+                       (upload_id, part.part_number, part.size, part.etag, part.last_modified, json.dumps(part.checksums), path))
+            return old[0] if old else None
+
+        return self._write(tx)
+
+    def parts(self, upload_id: str, after: int = 0, limit: int = 10001) -> list[tuple[PartInfo, str]]:
+        rows = self.db.execute(
+            "SELECT part_number, size, etag, mtime, checksums, path FROM parts WHERE upload_id=? AND part_number>? ORDER BY part_number LIMIT ?",
+            (upload_id, after, limit))
+        return [(PartInfo(r[0], r[1], r[2], r[3], json.loads(r[4])), r[5]) for r in rows]
+
+    def complete_upload(self, upload_id: str, meta: ObjectMeta, path: str) -> str | None:
+        """The upload becomes the object at ``path``; the file of the object it replaced."""
+        def tx(db: sqlite3.Connection) -> str | None:
+            if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
+                raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
+            self._bucket_exists(db, meta.bucket)
+            old = self._object_path(db, meta.bucket, meta.key)
+            self._insert_object(db, meta, path, False)
+            db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+            db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+            return old
+
+        return self._write(tx)
+
+    def abort_upload(self, upload_id: str) -> None:
+        def tx(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+            db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+
+        self._write(tx)
+
+    def list_uploads(self, bucket: str, prefix: str, after_key: str, after_upload: str, limit: int) -> list[UploadInfo]:
+        db = self.db
+        self._bucket_exists(db, bucket)
+        pb, ak = prefix.encode(), after_key.encode()
+        rows = db.execute(
+            f"SELECT {UPLOAD_COLUMNS} FROM uploads WHERE bucket=? AND substr(key,1,?)=? AND (key>? OR (key=? AND upload_id>?)) "
+            "ORDER BY key, upload_id LIMIT ?",
+            (bucket, len(pb), pb, ak, ak, after_upload, limit))
+        return [_row_to_upload(r) for r in rows]

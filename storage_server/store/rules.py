@@ -1,0 +1,134 @@
+"""S3 rules that hold whatever the store: immutable KV chunks, multipart completion, common-prefix grouping.
+
+Pure functions of records, so every backend applies them the same way and they
+are tested without a store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from protocol.checksums import composite_checksum
+from protocol.errors import ErrorCode, S3Error
+
+from .object_store import ObjectMeta, PartInfo, UploadInfo
+
+MIN_PART_SIZE = 5 * 1024**2
+MAX_PUT_SIZE = 5 * 1024**3
+
+T = TypeVar("T")
+
+
+# -- immutable KV chunks ---------------------------------------------------------------------
+
+def check_immutable_reput(existing: ObjectMeta, new: ObjectMeta) -> None:
+    """A KV chunk may be put again only with identical bytes (then it is a no-op); anything else is refused."""
+    if (existing.etag, existing.size) != (new.etag, new.size):
+        raise S3Error(
+            ErrorCode.InvalidRequest,
+            f"Object {new.key!r} is an immutable KV chunk and already exists with different bytes.",
+            resource=f"/{new.bucket}/{new.key}", extra={"Key": new.key},
+        )
+
+
+# -- multipart completion ----------------------------------------------------------------------
+
+def select_parts(upload: UploadInfo, requested: list[tuple[int, str, dict[str, str]]],
+                 stored: dict[int, tuple[PartInfo, T]]) -> list[tuple[PartInfo, T]]:
+    """The stored parts a CompleteMultipartUpload names, checked as S3 checks them.
+
+    ``requested``: (part number, ETag, checksums the client claims) in request order;
+    ``stored``: part number → (part, the store's handle on its bytes).
+    """
+    if not requested:
+        raise S3Error(ErrorCode.MalformedXML, "You must specify at least one part.")
+    chosen: list[tuple[PartInfo, T]] = []
+    prev = 0
+    for number, etag, claimed in requested:
+        if number <= prev:
+            raise S3Error(ErrorCode.InvalidPartOrder, extra={"UploadId": upload.upload_id})
+        prev = number
+        hit = stored.get(number)
+        if hit is None or hit[0].etag.strip('"') != etag.strip('"'):
+            raise S3Error(ErrorCode.InvalidPart, extra={"UploadId": upload.upload_id, "PartNumber": str(number), "ETag": etag})
+        for alg, value in claimed.items():
+            if hit[0].checksums.get(alg) not in (None, value):
+                raise S3Error(ErrorCode.InvalidPart, f"The {alg} checksum of part {number} does not match.")
+        chosen.append(hit)
+    for p, _ in chosen[:-1]:
+        if p.size < MIN_PART_SIZE:
+            raise S3Error(ErrorCode.EntityTooSmall,
+                          extra={"ProposedSize": str(p.size), "MinSizeAllowed": str(MIN_PART_SIZE), "PartNumber": str(p.part_number)})
+    return chosen
+
+
+def completed_meta(upload: UploadInfo, parts: list[PartInfo], now: float) -> ObjectMeta:
+    """The object a completed upload becomes: S3's multipart ETag and composite checksums."""
+    md5s = b"".join(bytes.fromhex(p.etag.strip('"')) for p in parts)
+    checksums = {}
+    for alg in upload.spec.checksum_algorithms:
+        values = [p.checksums.get(alg) for p in parts]
+        if all(values):
+            checksums[alg] = composite_checksum(alg, values)  # type: ignore[arg-type]
+    return ObjectMeta(
+        bucket=upload.bucket, key=upload.key, size=sum(p.size for p in parts),
+        etag=f'"{hashlib.md5(md5s).hexdigest()}-{len(parts)}"', last_modified=now,
+        content_type=upload.spec.content_type, user_metadata=upload.spec.user_metadata,
+        system_headers=upload.spec.system_headers, checksums=checksums, part_sizes=tuple(p.size for p in parts), owner=upload.owner,
+    )
+
+
+# -- delimiter grouping ------------------------------------------------------------------------
+
+def common_prefix(key: str, prefix: str, delimiter: str) -> str | None:
+    """The common prefix ``key`` rolls up into (through the first delimiter after ``prefix``), or None."""
+    if not delimiter:
+        return None
+    i = key.find(delimiter, len(prefix))
+    return key[: i + len(delimiter)] if i >= 0 else None
+
+
+@dataclass(frozen=True)
+class UploadPage:
+    uploads: list[UploadInfo]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_key_marker: str | None
+    next_upload_id_marker: str | None
+
+
+async def group_uploads(fetch: Callable[[str, str, int], Awaitable[list[UploadInfo]]], prefix: str, delimiter: str,
+                        key_marker: str, upload_marker: str, limit: int) -> UploadPage:
+    """One ListMultipartUploads page: uploads under ``prefix`` after the markers, rolled up by ``delimiter``.
+
+    ``fetch(after_key, after_upload, n)`` returns the next ``n`` uploads in (key, upload id) order.
+    """
+    uploads: list[UploadInfo] = []
+    prefixes: list[str] = []
+    truncated = False
+    last_key, last_upload = key_marker, upload_marker
+    next_key: str | None = None
+    next_upload: str | None = None
+    while True:
+        batch = await fetch(last_key, last_upload, limit + 1)
+        if not batch:
+            break
+        for u in batch:
+            last_key, last_upload = u.key, u.upload_id
+            if len(uploads) + len(prefixes) >= limit:
+                truncated = True
+                break
+            cp = common_prefix(u.key, prefix, delimiter)
+            if cp is not None:
+                if cp not in prefixes:
+                    prefixes.append(cp)
+                    next_key, next_upload = cp, None
+                continue
+            uploads.append(u)
+            next_key, next_upload = u.key, u.upload_id
+        if truncated or len(batch) <= limit:
+            break
+    return UploadPage(uploads, prefixes, truncated, next_key if truncated else None, next_upload if truncated else None)

@@ -1,0 +1,179 @@
+"""The object-store contract: what every backend does for the S3 operations, specified once."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.errors import ErrorCode, S3Error
+from storage_server.store import ByteRange, ObjectStore, PutSpec
+
+SPEC = PutSpec()
+BIG = 5 * 1024 * 1024  # the smallest part size that may be followed by another part
+
+
+async def body(*pieces: bytes):
+    for p in pieces:
+        yield p
+
+
+async def read_all(store: ObjectStore, bucket: str, key: str, rng: ByteRange | None = None) -> bytes:
+    reader = await store.open_object(bucket, key)
+    try:
+        return b"".join([c async for c in reader.stream(rng)])
+    finally:
+        reader.close()
+
+
+async def code_of(aw) -> ErrorCode:
+    with pytest.raises(S3Error) as e:
+        await aw
+    return e.value.code
+
+
+def test_buckets_belong_to_their_creator_and_must_be_empty_to_go(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b1", "alice", "us-east-1")
+        assert await code_of(store.create_bucket("b1", "alice", "us-east-1")) == ErrorCode.BucketAlreadyOwnedByYou
+        assert await code_of(store.create_bucket("b1", "bob", "us-east-1")) == ErrorCode.BucketAlreadyExists
+        info = await store.get_bucket("b1")
+        assert (info.name, info.owner, info.region) == ("b1", "alice", "us-east-1")
+        await store.create_bucket("b2", "alice", "us-east-1")
+        await store.create_bucket("c1", "bob", "us-east-1")
+        assert [b.name for b in await store.list_buckets("alice")] == ["b1", "b2"]
+        assert [b.name for b in await store.list_buckets("alice", after="b1")] == ["b2"]
+        await store.put_object("b1", "k", body(b"x"), SPEC, "alice")
+        assert await code_of(store.delete_bucket("b1")) == ErrorCode.BucketNotEmpty
+        await store.delete_object("b1", "k")
+        await store.delete_bucket("b1")
+        assert await code_of(store.get_bucket("b1")) == ErrorCode.NoSuchBucket
+        assert await code_of(store.delete_bucket("nope")) == ErrorCode.NoSuchBucket
+
+    opened(scenario)
+
+
+def test_objects_round_trip_with_metadata_ranges_and_overwrite(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        spec = PutSpec(content_type="text/plain", user_metadata={"who": "me"}, checksum_algorithms=("CRC32C",))
+        meta = await store.put_object("b", "k", body(b"hello ", b"world"), spec, "alice")
+        assert meta.size == 11 and meta.etag == '"5eb63bbbe01eeed093cb22bb8f5acdc3"' and "CRC32C" in meta.checksums
+        head = await store.head_object("b", "k")
+        assert (head.size, head.etag, head.content_type, head.user_metadata, head.owner) == (11, meta.etag, "text/plain", {"who": "me"}, "alice")
+        assert await read_all(store, "b", "k") == b"hello world"
+        assert await read_all(store, "b", "k", ByteRange(6, 11)) == b"world"
+        await store.put_object("b", "k", body(b"second"), SPEC, "alice")
+        assert await read_all(store, "b", "k") == b"second"
+        await store.delete_object("b", "k")
+        assert await code_of(store.head_object("b", "k")) == ErrorCode.NoSuchKey
+        await store.delete_object("b", "k")  # deleting what is gone is fine
+        assert await code_of(store.put_object("nope", "k", body(b"x"), SPEC, "alice")) == ErrorCode.NoSuchBucket
+
+    opened(scenario)
+
+
+def test_a_declared_digest_that_does_not_match_stores_nothing(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        bad = PutSpec(expected_md5=b"\0" * 16)
+        assert await code_of(store.put_object("b", "k", body(b"data"), bad, "alice")) == ErrorCode.BadDigest
+        assert await code_of(store.put_object("b", "k", body(b"data"), PutSpec(expected_size=5), "alice")) == ErrorCode.IncompleteBody
+        assert await code_of(store.head_object("b", "k")) == ErrorCode.NoSuchKey
+
+    opened(scenario)
+
+
+def test_listing_is_utf8_ordered_grouped_and_paginated(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        keys = ["a/1", "a/2", "b", "c/x/1", "c/y", "z", "é"]  # UTF-8 byte order: "é" (0xC3…) after "z"
+        for k in reversed(keys):
+            await store.put_object("b", k, body(k.encode()), SPEC, "alice")
+        page = await store.list_objects("b")
+        assert [o.key for o in page.objects] == keys and not page.is_truncated
+        page = await store.list_objects("b", delimiter="/")
+        assert [o.key for o in page.objects] == ["b", "z", "é"] and page.common_prefixes == ["a/", "c/"]
+        page = await store.list_objects("b", prefix="c/", delimiter="/")
+        assert [o.key for o in page.objects] == ["c/y"] and page.common_prefixes == ["c/x/"]
+        first = await store.list_objects("b", limit=3)
+        assert [o.key for o in first.objects] == keys[:3] and first.is_truncated and first.next_marker == "b"
+        rest = await store.list_objects("b", after=first.next_marker, limit=10)
+        assert [o.key for o in rest.objects] == keys[3:]
+        grouped = await store.list_objects("b", delimiter="/", limit=1)
+        assert grouped.common_prefixes == ["a/"] and grouped.is_truncated
+        after = await store.list_objects("b", delimiter="/", after=grouped.next_marker, limit=1)
+        assert [o.key for o in after.objects] == ["b"]
+
+    opened(scenario)
+
+
+def test_delete_many_and_copy(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        src = await store.put_object("b", "src", body(b"copied bytes"), SPEC, "alice")
+        copy = await store.copy_object(src, "b", "dst", PutSpec(content_type="x/y"), "alice")
+        assert copy.etag == src.etag and await read_all(store, "b", "dst") == b"copied bytes"
+        assert (await store.head_object("b", "dst")).content_type == "x/y"
+        await store.delete_many("b", ["src", "dst", "never-was"])
+        assert (await store.list_objects("b")).objects == []
+
+    opened(scenario)
+
+
+def test_multipart_upload_lifecycle(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        upload = await store.create_upload("b", "big", PutSpec(content_type="app/x"), "alice")
+        assert (await store.get_upload("b", "big", upload.upload_id)).upload_id == upload.upload_id
+        p1 = await store.upload_part(upload, 1, body(b"a" * BIG), PutSpec())
+        p2 = await store.upload_part(upload, 2, body(b"stale"), PutSpec())
+        p2 = await store.upload_part(upload, 2, body(b"tail"), PutSpec())  # a re-sent part replaces the earlier one
+        assert [p.part_number for p in await store.list_parts(upload)] == [1, 2]
+        assert await code_of(store.complete_upload(upload, [(2, p2.etag, {}), (1, p1.etag, {})])) == ErrorCode.InvalidPartOrder
+        assert await code_of(store.complete_upload(upload, [(1, p1.etag, {}), (2, '"0000"', {})])) == ErrorCode.InvalidPart
+        meta = await store.complete_upload(upload, [(1, p1.etag, {}), (2, p2.etag, {})])
+        assert meta.size == BIG + 4 and meta.etag.endswith('-2"') and meta.part_sizes == (BIG, 4)
+        assert (await read_all(store, "b", "big", ByteRange(BIG - 1, BIG + 4))) == b"atail"
+        assert await code_of(store.get_upload("b", "big", upload.upload_id)) == ErrorCode.NoSuchUpload
+
+    opened(scenario)
+
+
+def test_small_parts_before_the_last_are_refused(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        upload = await store.create_upload("b", "k", SPEC, "alice")
+        p1 = await store.upload_part(upload, 1, body(b"small"), PutSpec())
+        p2 = await store.upload_part(upload, 2, body(b"last"), PutSpec())
+        assert await code_of(store.complete_upload(upload, [(1, p1.etag, {}), (2, p2.etag, {})])) == ErrorCode.EntityTooSmall
+        await store.abort_upload(upload)
+        assert await code_of(store.get_upload("b", "k", upload.upload_id)) == ErrorCode.NoSuchUpload
+
+    opened(scenario)
+
+
+def test_uploads_are_listed_in_key_order_and_grouped_by_delimiter(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        for key in ["logs/2", "logs/1", "a", "z/1"]:
+            await store.create_upload("b", key, SPEC, "alice")
+        assert [u.key for u in await store.list_uploads("b")] == ["a", "logs/1", "logs/2", "z/1"]
+        page = await store.list_uploads_page("b", "", "/", "", "", 1000)
+        assert [u.key for u in page.uploads] == ["a"] and page.common_prefixes == ["logs/", "z/"] and not page.is_truncated
+        page = await store.list_uploads_page("b", "logs/", "/", "", "", 1)
+        assert [u.key for u in page.uploads] == ["logs/1"] and page.is_truncated and page.next_key_marker == "logs/1"
+
+    opened(scenario)
+
+
+def test_an_immutable_object_accepts_only_an_identical_re_put(opened):
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        chunk = PutSpec(immutable=True)
+        first = await store.put_object("b", "chunk", body(b"kv bytes"), chunk, "alice")
+        again = await store.put_object("b", "chunk", body(b"kv bytes"), chunk, "alice")
+        assert again.etag == first.etag
+        assert await code_of(store.put_object("b", "chunk", body(b"other!!!"), chunk, "alice")) == ErrorCode.InvalidRequest
+        assert await code_of(store.put_object("b", "chunk", body(b"other!!!"), SPEC, "alice")) == ErrorCode.InvalidRequest
+        assert await read_all(store, "b", "chunk") == b"kv bytes"
+
+    opened(scenario)
