@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import s3ops, sched, trace, transfer, ttft, wire
+from . import faults, s3ops, sched, trace, transfer, ttft, wire
 
-MODULES = [wire, transfer, ttft, sched, trace, s3ops]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults]
 
 
 def main(argv: list[str]) -> int:

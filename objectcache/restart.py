@@ -14,8 +14,8 @@ from dataclasses import dataclass
 @dataclass
 class RestartBackoff:
     first_s: float = 0.5
-    cap_s: float = 30.0
-    healthy_s: float = 10.0
+    cap_s: float = 5.0  # a KV outage per crash stays a few seconds, however often it happens
+    healthy_s: float = 3.0
     _next: float = 0.0
 
     def delay_after_crash(self, uptime_s: float) -> float:
