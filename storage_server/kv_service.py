@@ -10,6 +10,7 @@ client goes away. Chunks are unpinned and the transport closed on every path.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -85,7 +86,8 @@ class KVService:
             tenant_caps={t.name: t.bandwidth_cap_gbps * GBPS for t in config.tenants if t.bandwidth_cap_gbps > 0},
             tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
         ) if bw.enabled else None
-        self.active: dict[str, TransferInfo] = {}
+        self.active: dict[int, TransferInfo] = {}  # keyed per transfer: request ids come from clients' gateways
+        self._transfers = itertools.count()
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -117,6 +119,7 @@ class KVService:
         request_id = str(call.request.fields.get("request_id", ""))
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         frames = FrameSink(call.writer)
+        slot = next(self._transfers)
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
@@ -129,7 +132,7 @@ class KVService:
             info = TransferInfo(request_id, tenant, bucket, d, plan)
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
-            self.active[request_id] = info
+            self.active[slot] = info
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
                 stats = await _until_disconnect(call.reader, work)
@@ -146,7 +149,7 @@ class KVService:
                 await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
             return None
         finally:
-            self.active.pop(request_id, None)
+            self.active.pop(slot, None)
             if pinned is not None:
                 pinned.release()
             transport.close()

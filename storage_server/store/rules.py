@@ -104,31 +104,27 @@ async def group_uploads(fetch: Callable[[str, str, int], Awaitable[list[UploadIn
                         key_marker: str, upload_marker: str, limit: int) -> UploadPage:
     """One ListMultipartUploads page: uploads under ``prefix`` after the markers, rolled up by ``delimiter``.
 
-    ``fetch(after_key, after_upload, n)`` returns the next ``n`` uploads in (key, upload id) order.
+    ``fetch(after_key, after_upload, n)`` returns the next ``n`` uploads in (key, upload id) order. A common
+    prefix counts once, where its first upload falls; one at or before ``key_marker`` was on an earlier page.
     """
     uploads: list[UploadInfo] = []
     prefixes: list[str] = []
-    truncated = False
+    marker: tuple[str, str | None] = (key_marker, None)  # the last element of this page
     last_key, last_upload = key_marker, upload_marker
-    next_key: str | None = None
-    next_upload: str | None = None
     while True:
         batch = await fetch(last_key, last_upload, limit + 1)
-        if not batch:
-            break
         for u in batch:
             last_key, last_upload = u.key, u.upload_id
-            if len(uploads) + len(prefixes) >= limit:
-                truncated = True
-                break
             cp = common_prefix(u.key, prefix, delimiter)
+            if cp is not None and ((prefixes and prefixes[-1] == cp) or (key_marker and cp <= key_marker)):
+                continue  # rolled into a prefix already returned (on this page or an earlier one)
+            if len(uploads) + len(prefixes) >= limit:
+                return UploadPage(uploads, prefixes, True, *marker)
             if cp is not None:
-                if cp not in prefixes:
-                    prefixes.append(cp)
-                    next_key, next_upload = cp, None
-                continue
-            uploads.append(u)
-            next_key, next_upload = u.key, u.upload_id
-        if truncated or len(batch) <= limit:
-            break
-    return UploadPage(uploads, prefixes, truncated, next_key if truncated else None, next_upload if truncated else None)
+                prefixes.append(cp)
+                marker = (cp, None)
+            else:
+                uploads.append(u)
+                marker = (u.key, u.upload_id)
+        if len(batch) <= limit:
+            return UploadPage(uploads, prefixes, False, None, None)

@@ -140,11 +140,6 @@ class MetadataIndex:
              json.dumps(m.system_headers), json.dumps(m.checksums), json.dumps(list(m.part_sizes)), path, m.owner, int(immutable)),
         )
 
-    @staticmethod
-    def _object_path(db: sqlite3.Connection, bucket: str, key: str) -> str | None:
-        row = db.execute("SELECT path FROM objects WHERE bucket=? AND key=?", (bucket, key.encode())).fetchone()
-        return row[0] if row else None
-
     # -- buckets ---------------------------------------------------------------
     def create_bucket(self, name: str, owner: str, region: str) -> None:
         def tx(db: sqlite3.Connection) -> None:
@@ -216,13 +211,13 @@ class MetadataIndex:
         return self._write(tx)
 
     def replace_metadata(self, meta: ObjectMeta) -> ObjectMeta:
-        """A copy onto itself: the same bytes under new metadata."""
+        """A copy onto itself: the same bytes under new metadata (an immutable chunk stays immutable)."""
         def tx(db: sqlite3.Connection) -> ObjectMeta:
-            path = self._object_path(db, meta.bucket, meta.key)
-            if path is None:
+            row = db.execute("SELECT path, immutable FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
+            if row is None:
                 raise S3Error(ErrorCode.NoSuchKey, resource=f"/{meta.bucket}/{meta.key}", extra={"Key": meta.key})
-            self._insert_object(db, meta, path, False)
-            return meta
+            self._insert_object(db, meta, row[0], bool(row[1]))
+            return replace(meta, locator=row[0])
 
         return self._write(tx)
 
@@ -344,11 +339,13 @@ class MetadataIndex:
             if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
                 raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
             self._bucket_exists(db, meta.bucket)
-            old = self._object_path(db, meta.bucket, meta.key)
-            self._insert_object(db, meta, path, False)
+            row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
+            if row is not None and row[12]:
+                check_immutable_reput(_row_to_meta(row), meta)  # an upload never replaces a KV chunk's bytes
+            self._insert_object(db, meta, path, bool(row[12]) if row is not None else False)
             db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
             db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
-            return old
+            return row[10] if row is not None else None
 
         return self._write(tx)
 
