@@ -5,6 +5,7 @@ AWS_VENV := .venv-aws
 # aws-cli pins its own botocore, which need not match aiobotocore's: it gets its own environment.
 AWSCLI_SPEC ?= awscli>=1.44,<2
 ARGS ?=
+NIXL_SPEC ?= nixl==1.5.1 nixl-cu12==1.5.1
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -20,6 +21,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	# The rdma transport's NIXL engine (UCX bundled; runs without CUDA). Its metadata demands torch and
+	# every CUDA flavour, so it is installed without dependencies.
+	$(BIN)/python -m pip install -q --no-deps $(NIXL_SPEC)
 	@touch $@
 
 $(AWS_STAMP): Makefile

@@ -9,6 +9,7 @@ frame-stream responses are not part of the S3 API model.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -30,13 +31,25 @@ from botocore.credentials import Credentials
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest
+from protocol.kv_http import (
+    HEADER_GATEWAY_S,
+    HEADER_MODE,
+    HEADER_PAYLOAD_BYTES,
+    KVOp,
+    LookupReply,
+    RdmaRegisterRequest,
+    RegisterReply,
+    RegisterRequest,
+    RegisterTicket,
+    UnregisterRequest,
+)
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .frames import FrameStream
 from .layout import KVLayout
+from .rdma import RdmaDestinations, rdma_available
 
 PUT_BATCH_BYTES = 64 << 20
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -162,6 +175,9 @@ class ObjectCacheClient:
         self._destinations: dict[TransportKind, Destinations] = {
             d.kind: d for d in (HttpDestinations(), ShmDestinations(self._register_region))
         }
+        available, self._rdma_unavailable = rdma_available()
+        if available:
+            self._destinations[TransportKind.RDMA] = RdmaDestinations(self._register_rdma)
 
     async def __aenter__(self) -> "ObjectCacheClient":
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False,
@@ -234,6 +250,13 @@ class ObjectCacheClient:
         ticket = RegisterTicket.from_json(await resp.json())
         assert region.fd is not None
         reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
+        return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
+
+    async def _register_rdma(self, metadata: bytes, addr: int, size: int) -> tuple[bytes, bytes]:
+        """Tell the storage server about memory registered with this process's NIXL agent."""
+        body = RdmaRegisterRequest("nixl", base64.b64encode(metadata).decode(), addr, size)
+        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
+        reply = RegisterReply.from_json(await resp.json())
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     # -- public API -----------------------------------------------------------------
@@ -344,11 +367,15 @@ class ObjectCacheClient:
             return arr, layers.stats
 
     def _transport_kind(self, transport: str) -> TransportKind:
+        """``auto``: shm on the same host, rdma where this process has an RDMA engine, http otherwise."""
         if transport == "auto":
             host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-            local = host in ("127.0.0.1", "localhost", "::1", "[::1]")
-            return TransportKind.SHM if local and hasattr(os, "memfd_create") else TransportKind.HTTP
+            if host in ("127.0.0.1", "localhost", "::1", "[::1]") and hasattr(os, "memfd_create"):
+                return TransportKind.SHM
+            return TransportKind.RDMA if TransportKind.RDMA in self._destinations else TransportKind.HTTP
         kind = TransportKind.__members__.get(transport.upper()) if transport.islower() else None
+        if kind == TransportKind.RDMA and kind not in self._destinations:
+            raise ValueError(f"transport 'rdma' is not available in this process: {self._rdma_unavailable}")
         if kind not in self._destinations:
             raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
         return kind

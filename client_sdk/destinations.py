@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ class Destination:
     target: Target
     view: memoryview
     region: RegisteredRegion | None = None  # shm: the region lent to this fetch
+    rdma: Any = None  # rdma: the registered buffer lent to this fetch
 
 
 class Destinations(abc.ABC):

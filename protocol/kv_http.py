@@ -24,7 +24,8 @@ class KVOp(StrEnum):
     GET = "kv-get"  # POST /{bucket}: descriptor in, frame stream out
     PUT = "kv-put"  # POST /{bucket}: put batch in, PutReply out
     LOOKUP = "kv-lookup"  # POST /{bucket}: key list in, LookupReply out
-    REGISTER = "kv-register"  # POST /: RegisterRequest in, RegisterReply out
+    REGISTER = "kv-register"  # POST /: RegisterRequest in, RegisterTicket out (then the shm hand-over)
+    REGISTER_RDMA = "kv-register-rdma"  # POST /: RdmaRegisterRequest in, RegisterReply out
     UNREGISTER = "kv-unregister"  # POST /: UnregisterRequest in, {} out
     STATUS = "kv-status"  # GET /: the storage server's status
 
@@ -112,6 +113,22 @@ class RegisterTicket(JsonRecord):
     socket: str  # the storage server's hand-over Unix socket
     ticket: str  # hex, TICKET_BYTES
     size: int
+
+
+@dataclass(frozen=True)
+class RdmaRegisterRequest(JsonRecord):
+    """``kv-register-rdma``: memory the client registered with its RDMA engine, for one-sided writes into it.
+
+    ``agent`` is the client's NIXL agent metadata (base64); ``[addr, addr+size)`` on ``device``
+    is the registered memory. The server writes nowhere else, and only for transfers of the
+    registering tenant.
+    """
+
+    engine: str  # "nixl"
+    agent: str
+    addr: int
+    size: int
+    device: int = 0
 
 
 @dataclass(frozen=True)

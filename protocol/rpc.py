@@ -27,6 +27,7 @@ class Op(StrEnum):
     KV_LOOKUP = "kv-lookup"
     KV_REGISTER = "kv-register"
     KV_UNREGISTER = "kv-unregister"
+    KV_REGISTER_RDMA = "kv-register-rdma"
 
 
 @dataclass(frozen=True)

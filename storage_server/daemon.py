@@ -43,6 +43,7 @@ class StorageServer:
             Op.KV_LOOKUP: self.kv.lookup,
             Op.KV_REGISTER: self.kv.register,
             Op.KV_UNREGISTER: self.kv.unregister,
+            Op.KV_REGISTER_RDMA: self.kv.register_rdma,
         }, max_body=max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes))
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None

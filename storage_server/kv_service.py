@@ -10,6 +10,7 @@ client goes away. Chunks are unpinned and the transport closed on every path.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Any
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import LookupReply, PutReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field
+from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_keys, decode_put_batch
 from scheduler.policies import TransferDemand
@@ -32,6 +33,8 @@ from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource
 from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
+from .transports.nixl_engine import NixlEngine
+from .transports.rdma import RemoteRegion
 
 log = logging.getLogger("objectcache.storage_server")
 
@@ -86,6 +89,7 @@ class KVService:
             tenant_caps={t.name: t.bandwidth_cap_gbps * GBPS for t in config.tenants if t.bandwidth_cap_gbps > 0},
             tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
         ) if bw.enabled else None
+        self._nixl: NixlEngine | None = None  # created on the first RDMA registration
         self.active: dict[int, TransferInfo] = {}  # keyed per transfer: request ids come from clients' gateways
         self._transfers = itertools.count()
         self.completed = 0
@@ -107,6 +111,26 @@ class KVService:
         r = RegisterRequest.from_json(_without(call.request.fields, "tenant"))
         ticket = self.regions.offer(call.field("tenant"), r.size)
         return RegisterTicket(self.handover_socket, ticket.secret.hex(), ticket.size).to_json()
+
+    async def register_rdma(self, call: RpcCall) -> Reply:
+        """Memory a client registered with its RDMA engine: the server may write into it for this tenant only."""
+        r = RdmaRegisterRequest.from_json(_without(call.request.fields, "tenant"))
+        if r.engine != "nixl":
+            raise S3Error(ErrorCode.NotImplemented, f"RDMA engine {r.engine!r} is not supported (nixl is)", extra={"ArgumentName": "engine"})
+        if not 1 <= r.size <= 1 << 46 or r.addr <= 0:
+            raise S3Error(ErrorCode.InvalidArgument, "addr and size must describe registered memory", extra={"ArgumentName": "size"})
+        if self._nixl is None:
+            self._nixl = NixlEngine()
+        engine = self._nixl
+        try:
+            metadata = base64.b64decode(r.agent, validate=True)
+        except ValueError:
+            raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
+        agent = engine.add_client(metadata)
+        tenant = call.field("tenant")
+        region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, engine=engine, agent=agent,
+                                                                    addr=r.addr, device=r.device), tenant)
+        return RegisterReply(region.region_id.hex(), region.token.hex(), region.size).to_json()
 
     async def unregister(self, call: RpcCall) -> Reply:
         r = UnregisterRequest.from_json(_without(call.request.fields, "tenant"))

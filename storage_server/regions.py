@@ -24,28 +24,28 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.shm import REQUIRED_SEALS, TICKET_BYTES, TICKET_TTL_S
 from protocol.wire import REGION_ID_BYTES, TOKEN_BYTES
 
 MAX_PENDING_PER_TENANT = 16
+R = TypeVar("R", bound="Region")
 
 
 @dataclass
 class Region:
+    """Client memory a tenant registered, named by an id and guarded by a secret token."""
+
     region_id: bytes
     token: bytes
     tenant: str
     size: int
-    mm: mmap.mmap
-    view: memoryview = field(init=False)
-    in_use: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        self.view = memoryview(self.mm)
+    in_use: int = field(default=0, kw_only=True)
+    last_used: float = field(default_factory=time.monotonic, kw_only=True)
 
     def hold(self) -> None:
         """A transfer writes into the region: it cannot expire or be dropped meanwhile."""
@@ -54,6 +54,20 @@ class Region:
     def release(self) -> None:
         self.in_use -= 1
         self.last_used = time.monotonic()  # idle time counts from the end of the last transfer
+
+    def close(self) -> None:
+        """Let go of the memory."""
+
+
+@dataclass
+class MappedRegion(Region):
+    """``shm``: a handed-over memfd, mapped into this process."""
+
+    mm: mmap.mmap
+    view: memoryview = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.mm)
 
     def close(self) -> None:
         self.view.release()
@@ -114,22 +128,30 @@ class RegionRegistry:
         ticket = self._tickets.pop(secret, None)
         if ticket is None or ticket.expires <= now:
             raise S3Error(ErrorCode.AccessDenied, "the registration ticket is unknown, used or expired; ask for a new one")
+        self._make_room(ticket.tenant)
         mm = map_sealed_memfd(fd, ticket.size)
-        mine = [r for r in self._regions.values() if r.tenant == ticket.tenant]
+        return self.admit(lambda rid, token: MappedRegion(rid, token, ticket.tenant, ticket.size, mm=mm), ticket.tenant)
+
+    def _make_room(self, tenant: str) -> None:
+        """A tenant at its cap loses its least recently used idle region (refused if all are in use)."""
+        mine = [r for r in self._regions.values() if r.tenant == tenant]
         if len(mine) >= self.max_per_tenant:
             idle = [r for r in mine if not r.in_use]
             if not idle:
-                mm.close()
-                raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {ticket.tenant!r} has {self.max_per_tenant} registered regions, all in use")
+                raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {self.max_per_tenant} registered regions, all in use")
             self._drop(min(idle, key=lambda r: r.last_used))
-        region = Region(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES), ticket.tenant, ticket.size, mm)
+
+    def admit(self, build: Callable[[bytes, bytes], R], tenant: str) -> R:
+        """Add the region ``build(region_id, token)`` makes for ``tenant``, within the tenant's cap."""
+        self._make_room(tenant)
+        region = build(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES))
         self._regions[region.region_id] = region
         return region
 
-    def resolve(self, tenant: str, region_id: bytes, token: bytes, offset: int, length: int) -> Region:
-        """The region a capability names, if it is the caller's and the range fits."""
+    def resolve(self, tenant: str, region_id: bytes, token: bytes, offset: int, length: int, kind: type[R] = Region) -> R:  # type: ignore[assignment]
+        """The region a capability names, if it is the caller's, of ``kind`` (the transport's) and the range fits."""
         region = self._regions.get(region_id)
-        if region is None:
+        if region is None or not isinstance(region, kind):
             raise S3Error(ErrorCode.KVNoSuchRegion, extra={"Field": "target.region_id"})
         if region.tenant != tenant or not hmac.compare_digest(region.token, token):
             raise S3Error(ErrorCode.AccessDenied, "the capability does not grant access to this region", extra={"Field": "target.token"})

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# NIXL/UCX (the rdma transport) on loopback only; the servers the tests start inherit this.
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
 # CI runs the same examples every time; local runs explore new ones.
 settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
 if os.environ.get("CI"):

@@ -7,6 +7,7 @@ import json
 import socket
 
 import numpy as np
+import pytest
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
@@ -48,3 +49,14 @@ def rpc(socket_path: str, op: str, **fields) -> dict:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def _rdma_param():
+    from client_sdk.rdma import rdma_available
+
+    available, why = rdma_available()
+    return pytest.param("rdma", marks=pytest.mark.skipif(not available, reason=f"rdma transport unavailable here: {why}"))
+
+
+# Every transport a KV test should cover: rdma runs for real (NIXL over UCX's CMA/TCP) where nixl is installed.
+TRANSPORTS = ["shm", "http", _rdma_param()]

@@ -28,6 +28,8 @@ from protocol.kv_http import (
     MAX_JSON_BODY,
     LookupReply,
     PutReply,
+    RdmaRegisterRequest,
+    RegisterReply,
     RegisterRequest,
     RegisterTicket,
     UnregisterRequest,
@@ -140,6 +142,12 @@ async def kv_register(req: S3Request) -> web.Response:
     body = RegisterRequest.from_json(await _json_body(req))
     reply = await rpc(req).call(Op.KV_REGISTER, tenant=req.tenant, **body.to_json())
     return json_response(RegisterTicket.from_json(reply).to_json())
+
+
+async def kv_register_rdma(req: S3Request) -> web.Response:
+    body = RdmaRegisterRequest.from_json(await _json_body(req))
+    reply = await rpc(req).call(Op.KV_REGISTER_RDMA, tenant=req.tenant, **body.to_json())
+    return json_response(RegisterReply.from_json(reply).to_json())
 
 
 async def kv_unregister(req: S3Request) -> web.Response:

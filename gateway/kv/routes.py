@@ -16,5 +16,6 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", Level.BUCKET, "KVGet", handlers.kv_get, query=(KVOp.GET,)),
     Route("POST", Level.SERVICE, "KVRegister", handlers.kv_register, query=(KVOp.REGISTER,)),
     Route("POST", Level.SERVICE, "KVUnregister", handlers.kv_unregister, query=(KVOp.UNREGISTER,)),
+    Route("POST", Level.SERVICE, "KVRegisterRdma", handlers.kv_register_rdma, query=(KVOp.REGISTER_RDMA,)),
     Route("GET", Level.SERVICE, "KVStatus", handlers.kv_status, query=(KVOp.STATUS,)),
 )

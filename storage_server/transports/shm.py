@@ -6,14 +6,14 @@ intermediate copy), a whole layer at a time; delivery is a small LAYER frame.
 
 from __future__ import annotations
 
-from ..regions import Region
+from ..regions import MappedRegion
 from .base import FrameSink, OpenRequest, Transport
 
 
 class ShmTransport(Transport):
     name = "shm"
 
-    def __init__(self, frames: FrameSink, region: Region, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
+    def __init__(self, frames: FrameSink, region: MappedRegion, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)
         self.region = region
         region.hold()
@@ -21,7 +21,7 @@ class ShmTransport(Transport):
     @classmethod
     def open(cls, request: OpenRequest) -> "ShmTransport":
         d, t = request.descriptor, request.descriptor.target
-        region = request.regions.resolve(request.tenant, t.region_id, t.token, t.offset, d.payload_bytes)
+        region = request.regions.resolve(request.tenant, t.region_id, t.token, t.offset, d.payload_bytes, MappedRegion)
         return cls(request.frames, region, t.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
 
     def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:

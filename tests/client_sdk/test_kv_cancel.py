@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
+from kvsupport import TRANSPORTS, client, keys_for, make_chunks, rpc, run, tiny_layout
 from support import boto_client
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
@@ -17,7 +17,7 @@ def uncached_fds(status: dict) -> int:
     return status["open_fds"] - status["open_file_cache"]["files"]
 
 
-@pytest.mark.parametrize("transport", ["shm", "http"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_leaving_early_frees_everything(gated_node, tenants, transport):
     server, gate = gated_node, gated_node.gate
     bucket = f"kv-cancel-{transport}"

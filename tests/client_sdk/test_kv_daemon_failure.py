@@ -8,13 +8,13 @@ import signal
 
 import numpy as np
 import pytest
-from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+from kvsupport import TRANSPORTS, client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, boto_client, make_tenants, write_config
 
 from client_sdk import ObjectCacheError
 
 
-@pytest.mark.parametrize("transport", ["shm", "http"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_daemon_killed_mid_transfer(tmp_path, transport):
     """Gateway and storage server run as separate services (as under systemd).
 

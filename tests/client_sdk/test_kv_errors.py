@@ -115,11 +115,11 @@ def test_bad_compute_window(server, tenants, kv_bucket):
     assert r.status == 400 and doc.findtext("Field") == "compute_window"
 
 
-def test_rdma_is_refused_clearly(server, tenants, kv_bucket):
+def test_an_rdma_target_nobody_registered_is_refused_clearly(server, tenants, kv_bucket):
     bucket, keys = kv_bucket
     d = descriptor(keys[:2], target=Target(TransportKind.RDMA, length=2 * LAYOUT.chunk_bytes))
     r, doc = kv_get(server, tenants["alice"], bucket, encode_descriptor(d))
-    assert r.status == 501 and doc.findtext("Field") == "target.transport"
+    assert r.status == 404 and doc.findtext("Code") == "KVNoSuchRegion" and doc.findtext("Field") == "target.region_id"
 
 
 def test_other_tenant_cannot_read_chunks(server, tenants, kv_bucket):

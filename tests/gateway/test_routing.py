@@ -45,6 +45,7 @@ OPERATIONS = [
     ("POST", B, {"kv-lookup": ""}, {}, "KVLookup"),
     ("POST", S, {"kv-register": ""}, {}, "KVRegister"),
     ("POST", S, {"kv-unregister": ""}, {}, "KVUnregister"),
+    ("POST", S, {"kv-register-rdma": ""}, {}, "KVRegisterRdma"),
     ("GET", S, {"kv-status": ""}, {}, "KVStatus"),
 ]
 

@@ -39,7 +39,7 @@ def test_shm_refuses_a_region_nobody_registered():
     assert e.value.code == ErrorCode.KVNoSuchRegion
 
 
-def test_rdma_answers_not_implemented_naming_the_field():
+def test_rdma_refuses_a_region_nobody_registered():
     with pytest.raises(S3Error) as e:
         open_transport(request(TransportKind.RDMA))
-    assert e.value.code == ErrorCode.NotImplemented and e.value.extra["Field"] == "target.transport"
+    assert e.value.code == ErrorCode.KVNoSuchRegion
