@@ -6,7 +6,8 @@ Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
 * **opt-local** — memcpy of pre-assembled layer-major bytes into the destination (the physical limit here);
 * **S3-CW** — one aiobotocore GET per chunk object through the gateway (concurrency 16), then scatter into layer-major;
 * **S3-range** — one ranged GET per chunk per layer (timed on a sample of layers and scaled to all L, said so in the report);
-* **ObjectCache-http / -shm** — one descriptor, layer-major payload delivered by the storage server.
+* **ObjectCache-http / -shm / -rdma** — one descriptor, layer-major payload delivered by the storage server
+  (rdma: NIXL one-sided writes, where nixl is installed).
 
 Every path runs once to warm the page cache, then the best of three timed
 runs counts (``--cold`` drops the page cache before each timed run); ratios are to opt-local and to S3-CW measured in the same run. Each case also times the
@@ -23,6 +24,7 @@ import time
 import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+from client_sdk.rdma import rdma_available
 
 from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .wire import shm_descriptor, time_codec
@@ -121,13 +123,24 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
         "ObjectCache-http": await timed(await via("http"), cold=cold),
         "ObjectCache-shm": await timed(await via("shm"), cold=cold),
     }
-    requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1}
+    if rdma_available()[0]:
+        times["ObjectCache-rdma"] = await timed(await via("rdma"), cold=cold)
+    requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1, "ObjectCache-rdma": 1}
     descriptor = time_codec(shm_descriptor(keys, layout.num_layers, g, layout.per_layer_chunk_bytes), CODEC_REPEATS)
     return {
         "chunk_tokens": g, "context": context, "hit": hit, "chunks": n, "payload_bytes": w, "descriptor": descriptor,
         "paths": {p: {"seconds": t, "gb_per_s": w / t / 1e9, "requests": requests[p],
                       "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t} for p, t in times.items()},
     }
+
+
+def rdma_note() -> str:
+    """Which engine and UCX transports ObjectCache-rdma ran over (or why it did not run)."""
+    available, why = rdma_available()
+    if not available:
+        return f"ObjectCache-rdma not run: {why}."
+    tls = os.environ.get("UCX_TLS", "UCX's choice (verbs where a device exists, else CMA/TCP)")
+    return f"ObjectCache-rdma: NIXL over UCX, transports {tls}, devices {os.environ.get('UCX_NET_DEVICES', 'all')}."
 
 
 async def run_all(args: argparse.Namespace) -> list[dict]:
@@ -154,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = asyncio.run(run_all(args))
     scale = args.scale
     cache = "page cache dropped before every timed run" if args.cold else "warm page cache"
-    print(f"\nBytes per token ÷{scale}; {cache}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32.\n")
+    print(f"\nBytes per token ÷{scale}; {cache}. S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32. {rdma_note()}\n")
     print_table(["G", "context", "hit", "path", "GB/s", "requests", "× opt-local", "× S3-CW"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
                  for r in rows for p, v in r["paths"].items()])
@@ -162,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["G", "context", "hit", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
                 [[r["chunk_tokens"], r["context"], r["hit"], r["descriptor"]["keys"], r["descriptor"]["bytes"],
                   f"{r['descriptor']['encode_us_per_1k_keys']:.0f}", f"{r['descriptor']['decode_us_per_1k_keys']:.0f}"] for r in rows])
-    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rows": rows,
+    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rdma": rdma_note(), "rows": rows,
               "targets": {} if args.cold else targets(rows)}
     print_targets(result["targets"])
     return finish(args, result, plot)
