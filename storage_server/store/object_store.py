@@ -200,6 +200,11 @@ class ObjectStore(abc.ABC):
     async def abort_upload(self, upload: UploadInfo) -> None:
         raise unsupported("AbortMultipartUpload", self)
 
+    async def completed_upload(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
+        """The object a recently completed upload became, if the key still holds it (a retried Complete
+        answers with it); None if this store does not remember."""
+        return None
+
     async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]:
         """Uploads in progress under ``prefix`` after (key, upload id), in that order."""
         raise unsupported("ListMultipartUploads", self)

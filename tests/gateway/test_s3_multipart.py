@@ -148,3 +148,17 @@ def test_list_multipart_uploads_prefix_and_pagination(s3, bucket):
     assert [u["Key"] for u in r2["Uploads"]] == ["y/1"]
     r = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
     assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["x/", "y/"]
+
+
+def test_a_retried_complete_succeeds_again_with_the_same_result(s3, bucket):
+    """aws-cli and boto3 retry a CompleteMultipartUpload whose response was lost."""
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="retried")["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key="retried", UploadId=upload, PartNumber=1, Body=b"only part")["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    first = s3.complete_multipart_upload(Bucket=bucket, Key="retried", UploadId=upload, MultipartUpload=parts)
+    again = s3.complete_multipart_upload(Bucket=bucket, Key="retried", UploadId=upload, MultipartUpload=parts)
+    assert again["ETag"] == first["ETag"] and again["Key"] == "retried"
+    s3.put_object(Bucket=bucket, Key="retried", Body=b"overwritten since")  # the upload's object is gone now
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="retried", UploadId=upload, MultipartUpload=parts)
+    assert e.value.response["Error"]["Code"] == "NoSuchUpload"

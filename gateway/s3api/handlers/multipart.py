@@ -8,7 +8,7 @@ from aiohttp import web
 
 from protocol.checksums import ALGORITHMS
 from protocol.errors import ErrorCode, S3Error
-from storage_server.store import ByteRange, UploadInfo
+from storage_server.store import ByteRange, ObjectMeta, UploadInfo
 
 from .. import headers as h
 from .. import xml
@@ -75,7 +75,14 @@ async def upload_part_copy(req: S3Request) -> web.Response:
 
 
 async def complete_multipart_upload(req: S3Request) -> web.Response:
-    upload = await _upload(req)
+    try:
+        upload = await _upload(req)
+    except S3Error as e:
+        # A retry of a Complete whose response was lost (aws-cli and boto3 retry) gets the same answer.
+        done = await req.store.completed_upload(req.bucket, req.key, req.query["uploadId"]) if e.code == ErrorCode.NoSuchUpload else None
+        if done is None:
+            raise
+        return _completed(req, done)
     doc = xml.parse(await req.body_bytes(xml.MAX_REQUEST_XML), "CompleteMultipartUpload")
     parts = []
     for p in xml.children(doc, "Part"):
@@ -84,7 +91,10 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
             raise S3Error(ErrorCode.MalformedXML, "Each <Part> needs a numeric <PartNumber> and an <ETag>.")
         claimed = {a: v for a in ALGORITHMS if (v := xml.child_text(p, f"Checksum{a}"))}
         parts.append((int(number), etag.strip(), claimed))
-    meta = await req.store.complete_upload(upload, parts)
+    return _completed(req, await req.store.complete_upload(upload, parts))
+
+
+def _completed(req: S3Request, meta: ObjectMeta) -> web.Response:
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items()]
     return xml_response(
         "CompleteMultipartUploadResult",

@@ -44,10 +44,15 @@ CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, upload_id);
 CREATE TABLE IF NOT EXISTS parts (
     upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, size INTEGER NOT NULL,
     etag TEXT NOT NULL, mtime REAL NOT NULL, checksums TEXT NOT NULL, path TEXT NOT NULL,
+    started INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (upload_id, part_number)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS completed_uploads (
+    upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key BLOB NOT NULL, etag TEXT NOT NULL, completed REAL NOT NULL
+);
 """
 
+COMPLETED_KEPT_S = 86400.0
 OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable"
 UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
 
@@ -94,7 +99,10 @@ class MetadataIndex:
         self._local = threading.local()
         with self._connect() as db:
             db.executescript(SCHEMA)
-            db.execute("PRAGMA user_version = 1")
+            if db.execute("PRAGMA user_version").fetchone()[0] < 2:  # version 1 had no part start times
+                if "started" not in {r[1] for r in db.execute("PRAGMA table_info(parts)")}:
+                    db.execute("ALTER TABLE parts ADD COLUMN started INTEGER NOT NULL DEFAULT 0")
+                db.execute("PRAGMA user_version = 2")
 
     # -- plumbing ------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -315,14 +323,17 @@ class MetadataIndex:
             raise S3Error(ErrorCode.NoSuchUpload, resource=f"/{bucket}/{key}", extra={"UploadId": upload_id})
         return _row_to_upload(row)
 
-    def commit_part(self, upload_id: str, part: PartInfo, path: str) -> str | None:
-        """Record (or replace) a part; the file of the part it replaced."""
+    def commit_part(self, upload_id: str, part: PartInfo, path: str, started: int) -> str | None:
+        """Record a part, unless an upload of the same number that started later is already recorded;
+        the file that is no longer needed (the replaced part's, or this one's)."""
         def tx(db: sqlite3.Connection) -> str | None:
             if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
                 raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
-            old = db.execute("SELECT path FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part.part_number)).fetchone()
-            db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?,?,?)",
-                       (upload_id, part.part_number, part.size, part.etag, part.last_modified, json.dumps(part.checksums), path))
+            old = db.execute("SELECT path, started FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part.part_number)).fetchone()
+            if old is not None and old[1] > started:
+                return path  # a re-sent part that started later finished first: it is the one that counts
+            db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?,?,?,?)",
+                       (upload_id, part.part_number, part.size, part.etag, part.last_modified, json.dumps(part.checksums), path, started))
             return old[0] if old else None
 
         return self._write(tx)
@@ -345,9 +356,25 @@ class MetadataIndex:
             self._insert_object(db, meta, path, bool(row[12]) if row is not None else False)
             db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
             db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
+            # Remembered for a day: a client that lost the response retries, and gets the same answer.
+            db.execute("DELETE FROM completed_uploads WHERE completed < ?", (time.time() - COMPLETED_KEPT_S,))
+            db.execute("INSERT OR REPLACE INTO completed_uploads VALUES (?,?,?,?,?)",
+                       (upload_id, meta.bucket, meta.key.encode(), meta.etag, time.time()))
             return row[10] if row is not None else None
 
         return self._write(tx)
+
+    def completed_upload(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
+        """The object a recently completed upload became, while the key still holds exactly it."""
+        row = self.db.execute("SELECT etag FROM completed_uploads WHERE upload_id=? AND bucket=? AND key=?",
+                              (upload_id, bucket, key.encode())).fetchone()
+        if row is None:
+            return None
+        try:
+            current = self.current(bucket, key)
+        except S3Error:
+            return None
+        return current if current.etag == row[0] else None
 
     def abort_upload(self, upload_id: str) -> None:
         def tx(db: sqlite3.Connection) -> None:

@@ -196,18 +196,21 @@ class LocalDiskStore(ObjectStore):
         if old:
             Path(old).unlink(missing_ok=True)
 
-    def _commit_part(self, upload: UploadInfo, part: PartInfo, tmp: Path) -> PartInfo:
+    def _commit_part(self, upload: UploadInfo, part: PartInfo, tmp: Path, started: int) -> PartInfo:
         final = self.blobs.publish_part(upload.upload_id, part.part_number, tmp)
-        self._install(final, lambda path: self.index.commit_part(upload.upload_id, part, path))
+        self._install(final, lambda path: self.index.commit_part(upload.upload_id, part, path, started))
         return part
 
     async def upload_part(self, upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo:
+        started = time.time_ns()  # of two uploads of one part number, the one started last counts
         spec = replace(spec, checksum_algorithms=tuple(set(spec.checksum_algorithms) | set(upload.spec.checksum_algorithms)))
         tmp, d = await self.blobs.receive(body, spec, MAX_PUT_SIZE, self._run)
         part = PartInfo(part_number, d.size, f'"{d.md5.hexdigest()}"', time.time(), d.checksum_values())
-        return await self._run(self._commit_part, upload, part, tmp)
+        return await self._run(self._commit_part, upload, part, tmp, started)
 
     async def upload_part_copy(self, upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo:
+        started = time.time_ns()
+
         def work() -> PartInfo:
             start, end = (rng.start, rng.end) if rng else (0, src.size)
             fd = self._open_version(src)
@@ -220,7 +223,7 @@ class LocalDiskStore(ObjectStore):
                 while chunk := f.read(WRITE_BUFFER):
                     d.update(chunk)
             part = PartInfo(part_number, d.size, f'"{d.md5.hexdigest()}"', time.time(), d.checksum_values())
-            return self._commit_part(upload, part, tmp)
+            return self._commit_part(upload, part, tmp, started)
 
         return await self._run(work)
 
@@ -245,6 +248,9 @@ class LocalDiskStore(ObjectStore):
             return replace(meta, locator=str(final))
 
         return await self._run(work)
+
+    async def completed_upload(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
+        return await self._run(self.index.completed_upload, bucket, key, upload_id)
 
     async def abort_upload(self, upload: UploadInfo) -> None:
         await self._run(self.index.abort_upload, upload.upload_id)

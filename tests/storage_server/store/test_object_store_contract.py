@@ -209,3 +209,28 @@ def test_no_upload_or_self_copy_turns_an_immutable_chunk_into_other_bytes(opened
         assert await read_all(store, "b", "chunk") == b"kv bytes"
 
     opened(scenario)
+
+
+def test_of_two_uploads_of_one_part_number_the_one_started_last_counts(opened):
+    """A client re-sends part 1; the first attempt finishes after the second: the second is the part."""
+    import asyncio
+
+    async def scenario(store, _):
+        await store.create_bucket("b", "alice", "us-east-1")
+        upload = await store.create_upload("b", "k", SPEC, "alice")
+        release = asyncio.Event()
+
+        async def slow_body():
+            await release.wait()
+            yield b"first attempt"
+
+        first = asyncio.ensure_future(store.upload_part(upload, 1, slow_body(), PutSpec()))
+        await asyncio.sleep(0.05)
+        second = await store.upload_part(upload, 1, body(b"second attempt"), PutSpec())
+        release.set()
+        await first
+        assert [p.etag for p in await store.list_parts(upload)] == [second.etag]
+        meta = await store.complete_upload(upload, [(1, second.etag, {})])
+        assert await read_all(store, "b", "k") == b"second attempt" and meta.size == len(b"second attempt")
+
+    opened(scenario)
