@@ -15,12 +15,12 @@ from protocol.config import Config
 from storage_server.store import ObjectStore
 
 from . import middleware
-from .auth.sigv4 import Credentials, RequestVerifier, parse_query
+from .auth.sigv4 import ANONYMOUS, Credentials, RequestVerifier, carries_credentials, parse_query
 from .connections import GuardedListener
 from .kv import handlers as kv_handlers
 from .kv import routes as kv_routes
 from .s3api import router
-from .s3api.context import S3Request
+from .s3api.context import Level, S3Request
 from .storage_rpc import StorageServerClient
 
 STORE_KEY = web.AppKey("store", ObjectStore)
@@ -44,7 +44,10 @@ class Gateway:
         raw_path, _, raw_query = request.raw_path.partition("?")
         addr = st.addr = router.address(raw_path, request.headers.get("Host", ""), self.config.gateway.domains)
         v2_resource = raw_path if addr.path_style else f"/{addr.bucket}{raw_path}"
-        auth = self.verifier.verify(request.method, raw_path, raw_query, request.headers, v2_resource)
+        if request.method in ("GET", "HEAD") and addr.level == Level.OBJECT and not carries_credentials(request.headers, raw_query):
+            auth = ANONYMOUS  # may read only what an object's ACL makes public (checked by the handler)
+        else:
+            auth = self.verifier.verify(request.method, raw_path, raw_query, request.headers, v2_resource)
         st.tenant = auth.tenant
         query = dict(parse_query(raw_query))
         route = ROUTER.match(request.method, addr.level, query, request.headers)

@@ -69,6 +69,18 @@ class AuthResult:
     scope: str
 
 
+# An unsigned request: it names no tenant, so it may read only what an object's canned ACL makes public.
+ANONYMOUS = AuthResult("", "", PayloadMode.UNSIGNED, None, b"", "", "", "")
+
+
+def carries_credentials(headers: Mapping[str, str], raw_query: str) -> bool:
+    """Whether a request tries to authenticate (header or presigned URL, either signature version)."""
+    if "Authorization" in headers:
+        return True
+    names = {item.partition("=")[0] for item in raw_query.split("&")}
+    return bool(names & {"X-Amz-Signature", "X-Amz-Credential", "Signature", "AWSAccessKeyId"})
+
+
 def uri_encode(s: str, safe: str = "-_.~") -> str:
     return quote(s, safe=safe)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -15,11 +16,13 @@ from gateway.auth.sigv4 import AuthResult
 from protocol.checksums import Digester, verify_digests
 from protocol.config import GatewayConfig
 from protocol.errors import ErrorCode, S3Error
-from storage_server.store import BucketInfo, ObjectStore
+from storage_server.store import BucketInfo, ObjectMeta, ObjectStore
 
 from . import headers as h
 from . import xml
+from .access import may_read
 
+T = TypeVar("T")
 MAX_KEY_BYTES = 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
@@ -124,6 +127,33 @@ class S3Request:
         if n is None and self.http.method == "PUT" and "chunked" not in self.headers.get("Transfer-Encoding", ""):
             raise S3Error(ErrorCode.MissingContentLength, resource=self.resource)
         return n
+
+    @property
+    def requester(self) -> str | None:
+        """The signing tenant; None for an anonymous request (allowed only to read public objects)."""
+        return self.auth.tenant or None
+
+    async def readable_bucket(self) -> BucketInfo:
+        """The addressed bucket for a read that an object's ACL may allow (its owner's, or a public object's)."""
+        try:
+            info = await self.store.get_bucket(self.bucket)
+        except S3Error as e:
+            raise S3Error(ErrorCode.AccessDenied, resource=self.resource) if self.requester is None else e from None
+        return info
+
+    async def readable(self, lookup: Awaitable[T], bucket: BucketInfo) -> T:
+        """``lookup``'s result; a missing key is AccessDenied to anyone but the owner (existence is not leaked)."""
+        try:
+            return await lookup
+        except S3Error as e:
+            if e.code == ErrorCode.NoSuchKey and bucket.owner != self.requester:
+                raise S3Error(ErrorCode.AccessDenied, resource=self.resource) from None
+            raise
+
+    def check_read(self, meta: ObjectMeta, bucket: BucketInfo) -> None:
+        """The owner reads anything; others what the object's canned ACL grants them."""
+        if bucket.owner != self.requester and not may_read(meta.acl, bucket.owner, self.requester):
+            raise S3Error(ErrorCode.AccessDenied, resource=self.resource)
 
     async def owned_bucket(self, name: str | None = None) -> BucketInfo:
         """The addressed bucket, if it exists and belongs to the caller's tenant."""

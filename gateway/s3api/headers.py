@@ -14,6 +14,7 @@ from protocol.checksums import ALGORITHMS
 from protocol.errors import ErrorCode, S3Error
 from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
+from .access import canned_acl, tagging_header
 from .xml import http_date
 
 SYSTEM_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires")
@@ -131,6 +132,8 @@ def put_spec(headers: CIMultiDictProxy[str], expected_size: int | None) -> tuple
         expected_checksums=expected,
         checksum_algorithms=algorithms,
         expected_size=expected_size,
+        tags=tagging_header(headers),
+        acl=canned_acl(headers),
     )
     return spec, trailer
 
@@ -232,6 +235,8 @@ def object_headers(meta: ObjectMeta, with_checksums: bool) -> dict[str, str]:
             h["x-amz-checksum-type"] = "COMPOSITE" if meta.part_sizes else "FULL_OBJECT"
     if meta.part_sizes:
         h["x-amz-mp-parts-count"] = str(len(meta.part_sizes))
+    if meta.tags:
+        h["x-amz-tagging-count"] = str(len(meta.tags))
     return h
 
 

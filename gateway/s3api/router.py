@@ -19,7 +19,7 @@ from aiohttp import web
 from protocol.errors import ErrorCode, S3Error
 
 from .context import Address, Level, S3Request
-from .handlers import buckets, listing, multipart, objects
+from .handlers import acl, buckets, listing, multipart, objects, tagging
 
 Handler = Callable[[S3Request], Awaitable[web.StreamResponse]]
 
@@ -77,15 +77,25 @@ class Route:
 
 # Sub-resources S3 defines that this gateway does not implement (answered 501, not misrouted).
 UNSUPPORTED_SUBRESOURCES = frozenset(
-    "accelerate acl analytics cors encryption intelligent-tiering inventory legal-hold lifecycle logging metrics "
+    "accelerate analytics cors encryption intelligent-tiering inventory legal-hold lifecycle logging metrics "
     "notification object-lock ownershipControls policy policyStatus publicAccessBlock replication requestPayment "
-    "restore retention select tagging torrent versioning website attributes".split()
+    "restore retention select torrent versioning website attributes".split()
 )
 
 COPY_SOURCE = "x-amz-copy-source"
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", Level.SERVICE, "ListBuckets", buckets.list_buckets),
+    Route("GET", Level.BUCKET, "GetBucketTagging", tagging.get_bucket_tagging, query=("tagging",)),
+    Route("PUT", Level.BUCKET, "PutBucketTagging", tagging.put_bucket_tagging, query=("tagging",)),
+    Route("DELETE", Level.BUCKET, "DeleteBucketTagging", tagging.delete_bucket_tagging, query=("tagging",)),
+    Route("GET", Level.OBJECT, "GetObjectTagging", tagging.get_object_tagging, query=("tagging",)),
+    Route("PUT", Level.OBJECT, "PutObjectTagging", tagging.put_object_tagging, query=("tagging",)),
+    Route("DELETE", Level.OBJECT, "DeleteObjectTagging", tagging.delete_object_tagging, query=("tagging",)),
+    Route("GET", Level.BUCKET, "GetBucketAcl", acl.get_bucket_acl, query=("acl",)),
+    Route("PUT", Level.BUCKET, "PutBucketAcl", acl.put_bucket_acl, query=("acl",)),
+    Route("GET", Level.OBJECT, "GetObjectAcl", acl.get_object_acl, query=("acl",)),
+    Route("PUT", Level.OBJECT, "PutObjectAcl", acl.put_object_acl, query=("acl",)),
     Route("GET", Level.BUCKET, "GetBucketLocation", buckets.get_bucket_location, query=("location",)),
     Route("GET", Level.BUCKET, "ListMultipartUploads", multipart.list_multipart_uploads, query=("uploads",)),
     Route("GET", Level.BUCKET, "ListObjectVersions", listing.list_object_versions, query=("versions",)),

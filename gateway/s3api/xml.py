@@ -16,7 +16,7 @@ from protocol.errors import ErrorCode, S3Error
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_REQUEST_XML = 2 * 1024 * 1024
 
-Node = tuple[str, Any]  # (tag, text | list[Node] | None)
+Node = tuple[str, Any] | tuple[str, Any, dict[str, str]]  # (tag, text | list[Node] | None[, attributes])
 
 
 # Characters XML 1.0 cannot carry (not even as references): a key or parameter holding one could only
@@ -40,10 +40,11 @@ def http_date(ts: float) -> str:
 
 
 def _fill(parent: ET.Element, children: list[Node]) -> None:
-    for tag, value in children:
+    for node in children:
+        tag, value = node[0], node[1]
         if value is None:
             continue
-        el = ET.SubElement(parent, tag)
+        el = ET.SubElement(parent, tag, node[2] if len(node) > 2 else {})  # type: ignore[misc]
         if isinstance(value, list):
             _fill(el, value)
         elif isinstance(value, bool):

@@ -21,6 +21,8 @@ class BucketInfo:
     owner: str
     created: float
     region: str
+    acl: str = "private"  # a canned ACL
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class ObjectMeta:
     owner: str = ""
     # The backend's handle on exactly this version's bytes (local disk: its file), so a
     # reader never pairs this metadata with a newer version's bytes.
+    tags: dict[str, str] = field(default_factory=dict)
+    acl: str = "private"  # a canned ACL
     locator: str = field(default="", compare=False, repr=False)
 
 
@@ -60,6 +64,8 @@ class PutSpec:
     # called by the backend after the last chunk, before committing.
     late_checksums: Callable[[], dict[str, str]] | None = None
     immutable: bool = False  # KV chunks: identical re-put is a no-op, different bytes refused
+    tags: dict[str, str] = field(default_factory=dict)
+    acl: str = "private"  # a canned ACL
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ class ObjectStore(abc.ABC):
 
     # -- buckets -----------------------------------------------------------
     @abc.abstractmethod
-    async def create_bucket(self, name: str, owner: str, region: str) -> None: ...
+    async def create_bucket(self, name: str, owner: str, region: str, acl: str = "private") -> None: ...
     @abc.abstractmethod
     async def get_bucket(self, name: str) -> BucketInfo: ...
     @abc.abstractmethod
@@ -199,6 +205,19 @@ class ObjectStore(abc.ABC):
 
     async def abort_upload(self, upload: UploadInfo) -> None:
         raise unsupported("AbortMultipartUpload", self)
+
+    # -- tagging and canned ACLs -------------------------------------------
+    async def set_object_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        raise unsupported("PutObjectTagging", self)
+
+    async def set_object_acl(self, bucket: str, key: str, acl: str) -> None:
+        raise unsupported("PutObjectAcl", self)
+
+    async def set_bucket_tags(self, bucket: str, tags: dict[str, str]) -> None:
+        raise unsupported("PutBucketTagging", self)
+
+    async def set_bucket_acl(self, bucket: str, acl: str) -> None:
+        raise unsupported("PutBucketAcl", self)
 
     async def completed_upload(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
         """The object a recently completed upload became, if the key still holds it (a retried Complete

@@ -78,6 +78,7 @@ def completed_meta(upload: UploadInfo, parts: list[PartInfo], now: float) -> Obj
         etag=f'"{hashlib.md5(md5s).hexdigest()}-{len(parts)}"', last_modified=now,
         content_type=upload.spec.content_type, user_metadata=upload.spec.user_metadata,
         system_headers=upload.spec.system_headers, checksums=checksums, part_sizes=tuple(p.size for p in parts), owner=upload.owner,
+        tags=upload.spec.tags, acl=upload.spec.acl,
     )
 
 

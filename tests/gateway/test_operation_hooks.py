@@ -63,7 +63,7 @@ def test_hook_sees_operation_and_status_of_each_request(hooked):
         lambda: s3.get_object(Bucket=bucket, Key="missing"),
         lambda: s3.list_buckets(),
         lambda: stranger.list_buckets(),  # fails authentication, before routing
-        lambda: s3.get_bucket_acl(Bucket=bucket),  # authenticated, but no route serves ?acl
+        lambda: s3.get_bucket_cors(Bucket=bucket),  # authenticated, but no route serves ?cors
     ]
     outcomes = [_outcome(call) for call in calls]
     assert outcomes == [(200, ""), (200, ""), (404, "NoSuchKey"), (200, ""), (403, "InvalidAccessKeyId"), (501, "NotImplemented")]

@@ -46,6 +46,16 @@ OPERATIONS = [
     ("POST", S, {"kv-register": ""}, {}, "KVRegister"),
     ("POST", S, {"kv-unregister": ""}, {}, "KVUnregister"),
     ("POST", S, {"kv-register-rdma": ""}, {}, "KVRegisterRdma"),
+    ("GET", B, {"tagging": ""}, {}, "GetBucketTagging"),
+    ("PUT", B, {"tagging": ""}, {}, "PutBucketTagging"),
+    ("DELETE", B, {"tagging": ""}, {}, "DeleteBucketTagging"),
+    ("GET", O, {"tagging": ""}, {}, "GetObjectTagging"),
+    ("PUT", O, {"tagging": ""}, {}, "PutObjectTagging"),
+    ("DELETE", O, {"tagging": ""}, {}, "DeleteObjectTagging"),
+    ("GET", B, {"acl": ""}, {}, "GetBucketAcl"),
+    ("PUT", B, {"acl": ""}, {}, "PutBucketAcl"),
+    ("GET", O, {"acl": ""}, {}, "GetObjectAcl"),
+    ("PUT", O, {"acl": ""}, {}, "PutObjectAcl"),
     ("GET", S, {"kv-status": ""}, {}, "KVStatus"),
 ]
 
@@ -86,8 +96,8 @@ ERRORS = [
     ("POST", O, {"kv-get": ""}, ErrorCode.MethodNotAllowed),  # KV extensions are not object-level
     ("PATCH", O, {}, ErrorCode.MethodNotAllowed),
     ("OPTIONS", B, {}, ErrorCode.MethodNotAllowed),
-    ("GET", B, {"acl": ""}, ErrorCode.NotImplemented),
-    ("PUT", O, {"tagging": ""}, ErrorCode.NotImplemented),
+    ("GET", B, {"cors": ""}, ErrorCode.NotImplemented),
+    ("PUT", O, {"retention": ""}, ErrorCode.NotImplemented),
     ("POST", B, {"kv-get": "", "versioning": ""}, ErrorCode.NotImplemented),  # before any extension
     ("PATCH", S, {"lifecycle": ""}, ErrorCode.NotImplemented),  # before the method check
     # Two operation-selecting sub-resources: never let one ride on a request authorised for the other.

@@ -7,6 +7,7 @@ from aiohttp import web
 from protocol.errors import ErrorCode, S3Error
 
 from .. import xml
+from ..access import canned_acl
 from ..context import S3Request, validate_bucket_name
 from .common import decode_token, empty, encode_token, xml_response
 
@@ -49,7 +50,7 @@ async def create_bucket(req: S3Request) -> web.Response:
                 f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}.",
                 resource=req.resource,
             )
-    await req.store.create_bucket(req.bucket, req.tenant, region)
+    await req.store.create_bucket(req.bucket, req.tenant, region, canned_acl(req.headers))
     return empty(headers={"Location": f"/{req.bucket}"})
 
 

@@ -12,6 +12,7 @@ from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
 from .. import headers as h
 from .. import xml
+from ..access import canned_acl
 from ..context import MAX_KEY_BYTES, S3Request
 from .common import empty, xml_response
 
@@ -72,10 +73,11 @@ def _response_plan(req: S3Request, meta: ObjectMeta) -> tuple[ByteRange | None, 
 
 
 async def get_object(req: S3Request) -> web.StreamResponse:
-    await req.owned_bucket()
+    bucket = await req.readable_bucket()
     # Metadata, the open file and a small object's bytes come in one backend call, all of one version.
-    reader = await req.store.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH)
+    reader = await req.readable(req.store.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH), bucket)
     try:
+        req.check_read(reader.meta, bucket)
         rng, status, headers = _response_plan(req, reader.meta)
         start, end = (rng.start, rng.end) if rng else (0, reader.meta.size)
         if end <= len(reader.head):
@@ -92,8 +94,9 @@ async def get_object(req: S3Request) -> web.StreamResponse:
 
 
 async def head_object(req: S3Request) -> web.StreamResponse:
-    await req.owned_bucket()
-    meta = await req.store.head_object(req.bucket, req.key_checked())
+    bucket = await req.readable_bucket()
+    meta = await req.readable(req.store.head_object(req.bucket, req.key_checked()), bucket)
+    req.check_read(meta, bucket)
     rng, status, headers = _response_plan(req, meta)
     headers["Content-Length"] = str(rng.length if rng else meta.size)
     return web.Response(status=status, headers=headers)
@@ -172,7 +175,8 @@ async def copy_object(req: S3Request) -> web.Response:
                 "object's metadata, storage class, website redirect location or encryption attributes.",
                 resource=req.resource,
             )
-        spec = PutSpec(content_type=src.content_type, user_metadata=src.user_metadata, system_headers=src.system_headers)
+        spec = PutSpec(content_type=src.content_type, user_metadata=src.user_metadata, system_headers=src.system_headers,
+                       tags=src.tags, acl=canned_acl(req.headers))
     else:
         spec, _ = h.put_spec(req.headers, None)
     meta = await req.store.copy_object(src, req.bucket, key, spec, req.tenant)

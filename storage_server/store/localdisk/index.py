@@ -27,13 +27,15 @@ T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
-    name TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, region TEXT NOT NULL
+    name TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, region TEXT NOT NULL,
+    acl TEXT NOT NULL DEFAULT 'private', tags TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS objects (
     bucket TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
     mtime REAL NOT NULL, content_type TEXT NOT NULL, user_meta TEXT NOT NULL,
     sys_headers TEXT NOT NULL, checksums TEXT NOT NULL, part_sizes TEXT NOT NULL,
     path TEXT NOT NULL, owner TEXT NOT NULL, immutable INTEGER NOT NULL DEFAULT 0,
+    tags TEXT NOT NULL DEFAULT '{}', acl TEXT NOT NULL DEFAULT 'private',
     PRIMARY KEY (bucket, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS uploads (
@@ -53,7 +55,16 @@ CREATE TABLE IF NOT EXISTS completed_uploads (
 """
 
 COMPLETED_KEPT_S = 86400.0
-OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable"
+SCHEMA_VERSION = 3
+MIGRATIONS = (
+    ("parts", "started", "INTEGER NOT NULL DEFAULT 0"),  # 2: the latest-started upload of a part number counts
+    ("objects", "tags", "TEXT NOT NULL DEFAULT '{}'"),  # 3: tagging and canned ACLs
+    ("objects", "acl", "TEXT NOT NULL DEFAULT 'private'"),
+    ("buckets", "tags", "TEXT NOT NULL DEFAULT '{}'"),
+    ("buckets", "acl", "TEXT NOT NULL DEFAULT 'private'"),
+)
+OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable, tags, acl"
+BUCKET_COLUMNS = "name, owner, created, region, acl, tags"
 UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
 
 # (path of the published file, its metadata, whether it is an immutable KV chunk)
@@ -69,20 +80,24 @@ def key_successor(k: bytes) -> bytes | None:
 
 
 def _spec_to_json(spec: PutSpec) -> str:
-    return json.dumps({"content_type": spec.content_type, "user_metadata": spec.user_metadata,
-                       "system_headers": spec.system_headers, "checksum_algorithms": list(spec.checksum_algorithms)})
+    return json.dumps({"content_type": spec.content_type, "user_metadata": spec.user_metadata, "system_headers": spec.system_headers,
+                       "checksum_algorithms": list(spec.checksum_algorithms), "tags": spec.tags, "acl": spec.acl})
 
 
 def _spec_from_json(s: str) -> PutSpec:
     d = json.loads(s)
     return PutSpec(content_type=d["content_type"], user_metadata=d["user_metadata"], system_headers=d["system_headers"],
-                   checksum_algorithms=tuple(d["checksum_algorithms"]))
+                   checksum_algorithms=tuple(d["checksum_algorithms"]), tags=d.get("tags", {}), acl=d.get("acl", "private"))
 
 
 def _row_to_meta(r: tuple) -> ObjectMeta:
     return ObjectMeta(bucket=r[0], key=r[1].decode(), size=r[2], etag=r[3], last_modified=r[4], content_type=r[5],
                       user_metadata=json.loads(r[6]), system_headers=json.loads(r[7]), checksums=json.loads(r[8]),
-                      part_sizes=tuple(json.loads(r[9])), owner=r[11], locator=r[10])
+                      part_sizes=tuple(json.loads(r[9])), owner=r[11], locator=r[10], tags=json.loads(r[13]), acl=r[14])
+
+
+def _row_to_bucket(r: tuple) -> BucketInfo:
+    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
 
 
 def _row_to_upload(r: tuple) -> UploadInfo:
@@ -99,10 +114,10 @@ class MetadataIndex:
         self._local = threading.local()
         with self._connect() as db:
             db.executescript(SCHEMA)
-            if db.execute("PRAGMA user_version").fetchone()[0] < 2:  # version 1 had no part start times
-                if "started" not in {r[1] for r in db.execute("PRAGMA table_info(parts)")}:
-                    db.execute("ALTER TABLE parts ADD COLUMN started INTEGER NOT NULL DEFAULT 0")
-                db.execute("PRAGMA user_version = 2")
+            for table, column, decl in MIGRATIONS:  # columns later versions added, for stores made before them
+                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- plumbing ------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -143,27 +158,28 @@ class MetadataIndex:
     @staticmethod
     def _insert_object(db: sqlite3.Connection, m: ObjectMeta, path: str, immutable: bool) -> None:
         db.execute(
-            f"INSERT OR REPLACE INTO objects ({OBJECT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO objects ({OBJECT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (m.bucket, m.key.encode(), m.size, m.etag, m.last_modified, m.content_type, json.dumps(m.user_metadata),
-             json.dumps(m.system_headers), json.dumps(m.checksums), json.dumps(list(m.part_sizes)), path, m.owner, int(immutable)),
+             json.dumps(m.system_headers), json.dumps(m.checksums), json.dumps(list(m.part_sizes)), path, m.owner, int(immutable),
+             json.dumps(m.tags), m.acl),
         )
 
     # -- buckets ---------------------------------------------------------------
-    def create_bucket(self, name: str, owner: str, region: str) -> None:
+    def create_bucket(self, name: str, owner: str, region: str, acl: str = "private") -> None:
         def tx(db: sqlite3.Connection) -> None:
             row = db.execute("SELECT owner FROM buckets WHERE name=?", (name,)).fetchone()
             if row is not None:
                 code = ErrorCode.BucketAlreadyOwnedByYou if row[0] == owner else ErrorCode.BucketAlreadyExists
                 raise S3Error(code, resource=f"/{name}", extra={"BucketName": name})
-            db.execute("INSERT INTO buckets VALUES (?,?,?,?)", (name, owner, time.time(), region))
+            db.execute(f"INSERT INTO buckets ({BUCKET_COLUMNS}) VALUES (?,?,?,?,?,?)", (name, owner, time.time(), region, acl, "{}"))
 
         self._write(tx)
 
     def get_bucket(self, name: str) -> BucketInfo:
-        row = self.db.execute("SELECT name, owner, created, region FROM buckets WHERE name=?", (name,)).fetchone()
+        row = self.db.execute(f"SELECT {BUCKET_COLUMNS} FROM buckets WHERE name=?", (name,)).fetchone()
         if row is None:
             raise _no_such_bucket(name)
-        return BucketInfo(*row)
+        return _row_to_bucket(row)
 
     def delete_bucket(self, name: str) -> list[str]:
         """Remove an empty bucket and its abandoned uploads; their ids (their part files go next)."""
@@ -182,9 +198,21 @@ class MetadataIndex:
 
     def list_buckets(self, owner: str, prefix: str, after: str, limit: int) -> list[BucketInfo]:
         rows = self.db.execute(
-            "SELECT name, owner, created, region FROM buckets WHERE owner=? AND name>? AND substr(name,1,?)=? ORDER BY name LIMIT ?",
+            f"SELECT {BUCKET_COLUMNS} FROM buckets WHERE owner=? AND name>? AND substr(name,1,?)=? ORDER BY name LIMIT ?",
             (owner, after, len(prefix), prefix, limit))
-        return [BucketInfo(*r) for r in rows]
+        return [_row_to_bucket(r) for r in rows]
+
+    def set_bucket_attribute(self, bucket: str, column: str, value: str) -> None:
+        """Replace a bucket's tags (JSON) or canned ACL."""
+        assert column in ("tags", "acl")
+        if self.db.execute(f"UPDATE buckets SET {column}=? WHERE name=?", (value, bucket)).rowcount == 0:
+            raise _no_such_bucket(bucket)
+
+    def set_object_attribute(self, bucket: str, key: str, column: str, value: str) -> None:
+        """Replace an object's tags (JSON) or canned ACL, keeping its bytes and the rest of its metadata."""
+        assert column in ("tags", "acl")
+        if self.db.execute(f"UPDATE objects SET {column}=? WHERE bucket=? AND key=?", (value, bucket, key.encode())).rowcount == 0:
+            self.current(bucket, key)  # NoSuchBucket or NoSuchKey
 
     # -- objects ---------------------------------------------------------------
     def current(self, bucket: str, key: str) -> ObjectMeta:

@@ -8,6 +8,7 @@ is incomplete; crash leftovers are cleaned by :mod:`.cleanup`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -56,8 +57,20 @@ class LocalDiskStore(ObjectStore):
         return results
 
     # -- buckets ---------------------------------------------------------------
-    async def create_bucket(self, name: str, owner: str, region: str) -> None:
-        await self._run(self.index.create_bucket, name, owner, region)
+    async def create_bucket(self, name: str, owner: str, region: str, acl: str = "private") -> None:
+        await self._run(self.index.create_bucket, name, owner, region, acl)
+
+    async def set_bucket_tags(self, bucket: str, tags: dict[str, str]) -> None:
+        await self._run(self.index.set_bucket_attribute, bucket, "tags", json.dumps(tags))
+
+    async def set_bucket_acl(self, bucket: str, acl: str) -> None:
+        await self._run(self.index.set_bucket_attribute, bucket, "acl", acl)
+
+    async def set_object_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        await self._run(self.index.set_object_attribute, bucket, key, "tags", json.dumps(tags))
+
+    async def set_object_acl(self, bucket: str, key: str, acl: str) -> None:
+        await self._run(self.index.set_object_attribute, bucket, key, "acl", acl)
 
     async def get_bucket(self, name: str) -> BucketInfo:
         return await self._run(self.index.get_bucket, name)
@@ -157,7 +170,7 @@ class LocalDiskStore(ObjectStore):
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
         meta = ObjectMeta(bucket=bucket, key=key, size=src.size, etag=src.etag, last_modified=time.time(), content_type=spec.content_type,
                           user_metadata=spec.user_metadata, system_headers=spec.system_headers, checksums=src.checksums,
-                          part_sizes=src.part_sizes, owner=owner)
+                          part_sizes=src.part_sizes, owner=owner, tags=spec.tags, acl=spec.acl)
         if (src.bucket, src.key) == (bucket, key):
             return await self._run(self.index.replace_metadata, meta)  # the same bytes under new metadata
         await self.get_bucket(bucket)
@@ -265,7 +278,8 @@ class LocalDiskStore(ObjectStore):
 
 def _meta(bucket: str, key: str, d: Digester, spec: PutSpec, owner: str, now: float) -> ObjectMeta:
     return ObjectMeta(bucket=bucket, key=key, size=d.size, etag=f'"{d.md5.hexdigest()}"', last_modified=now, content_type=spec.content_type,
-                      user_metadata=spec.user_metadata, system_headers=spec.system_headers, checksums=d.checksum_values(), owner=owner)
+                      user_metadata=spec.user_metadata, system_headers=spec.system_headers, checksums=d.checksum_values(), owner=owner,
+                      tags=spec.tags, acl=spec.acl)
 
 
 class _FileReader(ObjectReader):
