@@ -14,6 +14,8 @@ import sys
 import pytest
 from support import REPO
 
+from client_sdk.rdma import rdma_available
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 POLICIES = {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
 
@@ -41,7 +43,9 @@ def test_bench_wire(tmp_path):
 def test_bench_transfer(tmp_path):
     result = run_bench("transfer", tmp_path=tmp_path)
     (row,) = result["rows"]
-    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"}
+    rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()  # beside http and shm where NIXL is installed
+    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"} | rdma
+    assert result["rdma"].startswith("ObjectCache-rdma")
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
