@@ -11,12 +11,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from protocol.config import Config
 from protocol.rpc import Op
 
 from .kv_service import KVService, PacerFactory
+from .metrics import StorageServerMetrics
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
@@ -35,6 +36,8 @@ class StorageServer:
         self.chunks = chunks
         self.started = time.time()
         self.kv = KVService(config, chunks, pacers)
+        self.metrics = StorageServerMetrics(self.kv)
+        self._stop_metrics: Callable[[], None] | None = None
         self.rpc = RpcServer({
             Op.PING: self._ping,
             Op.STATUS: self._status,
@@ -50,6 +53,9 @@ class StorageServer:
     async def start(self) -> asyncio.AbstractServer:
         self._housekeeper = asyncio.ensure_future(self.housekeeping())
         await self.handover.start()
+        m = self.config.metrics
+        if m.storage_server_port:
+            self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp)
 
     async def housekeeping(self) -> None:
@@ -93,6 +99,8 @@ class StorageServer:
     async def close(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
         self.handover.close()
         self.kv.close()
         await self.chunks.close()

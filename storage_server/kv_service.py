@@ -10,6 +10,7 @@ client goes away. Chunks are unpinned and the transport closed on every path.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ from .store import ChunkSource
 from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
 
 log = logging.getLogger("objectcache.storage_server")
+access_log = logging.getLogger("objectcache.access.transfers")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class TransferInfo:
 
 # Builds a pacer for a transfer (or None to leave it alone). Injected by whoever builds the server.
 PacerFactory = Callable[[TransferInfo], Pacer | None]
+# Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
+# statistics when it completed (the metrics plug in here).
+TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
 
 
 class Pacers:
@@ -86,6 +91,7 @@ class KVService:
             tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
         ) if bw.enabled else None
         self.active: dict[str, TransferInfo] = {}
+        self.observers: list[TransferObserver] = [log_transfer]
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -130,6 +136,7 @@ class KVService:
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
             self.active[request_id] = info
+            outcome, stats = "failed", None
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
                 stats = await _until_disconnect(call.reader, work)
@@ -137,19 +144,30 @@ class KVService:
                 await frames.end(stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes
+                outcome = "ok"
             except S3Error as e:
+                outcome = "error"
                 await frames.error(e.to_dict())
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                outcome = "client_gone"
                 log.info("client of %s went away; transfer stopped", request_id)
             except Exception as e:
                 log.exception("transfer %s failed", request_id)
                 await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+            self._ended(info, outcome, stats)
             return None
         finally:
             self.active.pop(request_id, None)
             if pinned is not None:
                 pinned.release()
             transport.close()
+
+    def _ended(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+        for observe in self.observers:
+            try:
+                observe(info, outcome, stats)
+            except Exception:
+                log.exception("transfer observer %r failed (request %s)", observe, info.request_id)
 
     async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
         """Run once the transfer's staging memory fits the budget (http); waiting ends if the client leaves."""
@@ -197,6 +215,16 @@ class KVService:
     def close(self) -> None:
         self.executor.close()
         self.regions.close()
+
+
+def log_transfer(info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+    """The storage server's access line for a kv-get: the gateway's request id, so both logs join."""
+    if access_log.isEnabledFor(logging.INFO):
+        fields = {"request_id": info.request_id, "tenant": info.tenant, "bucket": info.bucket, "operation": "KVGet",
+                  "outcome": outcome, "mode": info.plan.mode.name.lower(), "transport": info.descriptor.target.transport.name.lower(),
+                  "bytes": info.descriptor.payload_bytes if outcome == "ok" else 0,
+                  "seconds": round(stats.total_s, 6) if stats is not None else None}
+        access_log.info(json.dumps(fields), extra={"fields": fields})
 
 
 def handover_socket_path(config: Config) -> str:
