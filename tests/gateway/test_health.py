@@ -77,7 +77,8 @@ def test_a_bucket_named_like_a_probe_is_still_plain_s3(server, tenants, name):
         url = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "k"}, ExpiresIn=60)
         with urllib.request.urlopen(url, timeout=10) as r:
             assert r.read() == b"v"
-        listing = s3.generate_presigned_url("list_objects", Params={"Bucket": name}, ExpiresIn=60)  # GET /health?X-Amz-...
+        v4 = boto_client(server.endpoint, tenants["alice"], signature_version="s3v4")
+        listing = v4.generate_presigned_url("list_objects", Params={"Bucket": name}, ExpiresIn=60)  # GET /health?...&X-Amz-Signature=...
         with urllib.request.urlopen(listing, timeout=10) as r:
             assert b"<Key>k</Key>" in r.read()
         # A signed GET /health, no query at all (ListObjects v1): the Authorization header makes it S3, not a probe.
