@@ -44,7 +44,7 @@ class LiveState(Collector):
         allocated = GaugeMetricFamily("objectcache_bandwidth_allocated_bytes_per_second",
                                       "bandwidth pool rate allocated to running layerwise transfers, per tenant", labels=["tenant"])
         if kv.pool is not None:
-            per_tenant = Tally[str]()
+            per_tenant = Tally({t.name: 0.0 for t in kv.config.tenants})  # every tenant has a series, 0 while idle
             for lease in list(kv.pool._leases.values()):
                 per_tenant[lease.tenant] += lease.rate
             for tenant, rate in sorted(per_tenant.items()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -11,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
 from prometheus_client.parser import text_string_to_metric_families
-from support import ServerProcess, boto_client, make_tenants, write_config
+from support import REPO, ServerProcess, boto_client, make_tenants, write_config
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -129,3 +131,22 @@ def test_no_metrics_listener_unless_configured(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(server.endpoint + "/metrics", timeout=10)
     assert e.value.code == 403
+
+
+def test_every_series_the_grafana_dashboard_queries_is_exported(metered):
+    server, tenant, gw_port, ss_port = metered
+    bucket = f"dash-{uuid.uuid4().hex[:8]}"
+    boto_client(server.endpoint, tenant).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 2, bucket)
+
+    async def one_kv_get():
+        async with client(server, tenant, bucket) as c:
+            await c.put_chunks(keys, make_chunks(layout, 2, seed=3), layout)
+            await c.fetch(keys, layout, transport="http")
+
+    run(one_kv_get())
+    exported = {name for name, _ in scrape(gw_port)} | {name for name, _ in scrape(ss_port)}
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "objectcache.json").read_text())
+    queried = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"\b((?:objectcache|process)_[a-z_]+)\{", t["expr"])}
+    assert queried and queried - exported == set()
