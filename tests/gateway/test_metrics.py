@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 import uuid
@@ -12,26 +11,8 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
-from prometheus_client.parser import text_string_to_metric_families
+from metricsupport import free_port, scrape, value
 from support import REPO, ServerProcess, boto_client, make_tenants, write_config
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture(scope="module")
