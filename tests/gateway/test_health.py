@@ -3,6 +3,7 @@ and neither hides a bucket that happens to be called ``health`` or ``ready``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
@@ -10,8 +11,14 @@ import urllib.request
 import uuid
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 from rawhttp import signed
 from support import ServerProcess, boto_client, make_tenants, write_config
+
+from gateway.health import Health
+from gateway.storage_rpc import StorageServerClient
+from protocol.config import load_config
+from storage_server.store import open_object_store
 
 
 def probe(endpoint: str, path: str) -> tuple[int, dict]:
@@ -89,3 +96,20 @@ def test_a_bucket_named_like_a_probe_is_still_plain_s3(server, tenants, name):
         s3.delete_bucket(Bucket=name)
     # Unsigned, it is the probe again.
     assert probe(server.endpoint, f"/{name}")[0] == 200
+
+
+def test_a_draining_gateway_is_not_ready_whatever_its_dependencies_say(tmp_path):
+    """SIGTERM sets the drain before the listener closes: a probe answered from then on says so."""
+    cfg = load_config(write_config(tmp_path / "c.toml", tmp_path / "data", make_tenants("d")))
+
+    async def ask() -> tuple[int, dict]:
+        store = open_object_store(cfg)
+        try:
+            health = Health(store, StorageServerClient(cfg))
+            health.draining = True
+            resp = await health.answer(make_mocked_request("GET", "/ready"))
+            return resp.status, json.loads(resp.body)
+        finally:
+            await store.close()
+
+    assert asyncio.run(ask()) == (503, {"status": "unavailable", "reasons": ["draining: the gateway is shutting down"]})

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
+from metricsupport import free_port, scrape, value
 from support import REPO, ServerProcess, boto_client, make_tenants, write_config
 
 
@@ -132,9 +133,10 @@ def test_text_format_access_lines_are_json_objects_after_the_prefix(tmp_path):
 @pytest.fixture
 def gateway_alone(tmp_path):
     """A gateway process (plain S3 needs no storage server) with a 48 MiB object; yields (gateway, tenant, presigned URL, body)."""
-    def start(drain_timeout_s: float = 30, env: dict[str, str] | None = None):
+    def start(drain_timeout_s: float = 30, env: dict[str, str] | None = None, metrics_port: int = 0):
         tenant = make_tenants("drain")[0]
-        config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f"\n[gateway]\ndrain_timeout_s = {drain_timeout_s}\n")
+        config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
+                              extra=f"\n[gateway]\ndrain_timeout_s = {drain_timeout_s}\n\n[metrics]\ngateway_port = {metrics_port}\n")
         gateway = ServerProcess(config, "gateway", env=env).start()
         started.append(gateway)
         s3 = boto_client(gateway.endpoint, tenant)
@@ -169,13 +171,16 @@ def refuses_connections(endpoint: str, timeout: float = 10) -> bool:
 
 
 def test_sigterm_lets_a_long_get_finish_and_refuses_new_connections(gateway_alone):
-    gateway, url, body = gateway_alone()
+    metrics_port = free_port()
+    gateway, url, body = gateway_alone(metrics_port=metrics_port)
+    assert value(scrape(metrics_port), "objectcache_gateway_draining") == 0
     resp = open_get(url)
     assert resp.status == 200
     head = resp.read(1 << 20)  # the rest waits in the gateway: the request is in flight
     gateway.proc.send_signal(signal.SIGTERM)
     assert refuses_connections(gateway.endpoint)
     assert gateway.proc.poll() is None  # still serving the GET
+    assert value(scrape(metrics_port), "objectcache_gateway_draining") == 1  # and unready (/ready answers 503 from now on)
     assert head + resp.read() == body
     assert gateway.proc.wait(timeout=30) == 0
 
