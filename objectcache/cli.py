@@ -90,7 +90,8 @@ def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
         print(f"{READY} storage-server {where}", flush=True)
 
         async def cleanup() -> None:
-            server.close()
+            server.close()  # no new RPC connections; transfers in flight go on
+            await daemon.drain(cfg.storage_server.drain_timeout_s)
             await server.wait_closed()
             await daemon.close()
 

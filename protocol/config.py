@@ -164,6 +164,8 @@ class StorageServerConfig(Section):
     region_idle_s: float = 600.0
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
+    # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
+    drain_timeout_s: float = 30.0
 
     def validate(self) -> None:
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
@@ -173,6 +175,7 @@ class StorageServerConfig(Section):
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
+        self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 
 
 @dataclass(frozen=True)

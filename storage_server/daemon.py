@@ -96,6 +96,19 @@ class StorageServer:
             **self.chunks.status(),
         }
 
+    async def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the kv-gets in flight to end (call once the RPC socket no longer accepts);
+        how many were still running at the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self.kv.active:
+            log.info("draining: %d transfer(s) in flight, up to %g s", len(self.kv.active), timeout_s)
+        while self.kv.active and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.kv.active:
+            log.warning("drain timeout: stopping %d transfer(s) still running", len(self.kv.active))
+        return len(self.kv.active)
+
     async def close(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()

@@ -3,6 +3,7 @@ graceful drain on SIGTERM, systemd readiness notifications, and unit files syste
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -242,3 +243,33 @@ def test_units_wait_for_the_network_notify_readiness_and_are_hardened():
                      "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes"):
             assert line in text, f"{unit.name}: {line}"
         assert "After=network-online.target" in text.replace(" objectcache-storage-server.service", "")
+
+
+def test_sigterm_lets_the_storage_server_finish_a_transfer_in_flight(tmp_path):
+    """A kv-get paced to about 2.5 s by a 10 Mbit/s pool: SIGTERM half a second in, and it still completes."""
+    tenant = make_tenants("slow")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n\n[bandwidth]\ncapacity_gbps = 0.01\nmargin_gbps = 0\n'))
+    storage = ServerProcess(config, "storage-server").start()
+    gateway = ServerProcess(config, "gateway").start()
+    try:
+        boto_client(gateway.endpoint, tenant).create_bucket(Bucket="slow")
+        layout = tiny_layout(16)
+        n = 3000  # 3 MB at 1.25 MB/s
+        keys = keys_for(layout, n, "slow")
+
+        async def fetch_during_sigterm():
+            async with client(gateway, tenant, "slow") as c:
+                await c.put_chunks(keys, make_chunks(layout, n, seed=9), layout)
+                task = asyncio.ensure_future(c.fetch(keys, layout, transport="http", mode="layerwise"))
+                await asyncio.sleep(0.5)
+                assert not task.done()
+                storage.proc.send_signal(signal.SIGTERM)
+                return await task
+
+        data, stats = run(fetch_during_sigterm())
+        assert stats.server.payload_bytes == n * layout.chunk_bytes and data.size == n * layout.chunk_bytes
+        assert storage.proc.wait(timeout=30) == 0
+    finally:
+        gateway.stop()
+        storage.stop()
