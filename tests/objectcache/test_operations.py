@@ -7,12 +7,14 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import tomllib
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -273,3 +275,13 @@ def test_sigterm_lets_the_storage_server_finish_a_transfer_in_flight(tmp_path):
     finally:
         gateway.stop()
         storage.stop()
+
+
+def test_the_image_copies_every_package_runs_as_a_user_and_checks_health():
+    """No Docker daemon in the test environment: check what a build would miss."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
+    assert {pattern.rstrip("*") for pattern in include} <= copied
+    assert re.search(r"^USER objectcache$", dockerfile, re.M)
+    assert re.search(r"^HEALTHCHECK .*http://127\.0\.0\.1:9000/health", dockerfile, re.M | re.S)
