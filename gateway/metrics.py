@@ -9,9 +9,10 @@ signature).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .middleware import OperationRecord
 
@@ -40,13 +41,14 @@ class GatewayMetrics:
         self.bytes_in.labels(op).inc(record.bytes_in)
         self.bytes_out.labels(op).inc(record.bytes_out)
 
-    def listen(self, host: str, port: int) -> Callable[[], None]:
-        """Serve ``/metrics`` on its own listener (a thread: a scrape still answers when the event loop is busy); a stop function."""
-        server, thread = start_http_server(port, host, self.registry)
+    async def listen(self, host: str, port: int) -> Callable[[], Awaitable[None]]:
+        """Serve ``/metrics`` on its own port, apart from S3 (it keeps answering while the S3 listener drains); a stop function."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._scrape)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        return runner.cleanup
 
-        def stop() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(5)
-
-        return stop
+    async def _scrape(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

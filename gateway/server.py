@@ -98,12 +98,12 @@ async def start_gateway(config: Config, store: ObjectStore, host: str | None = N
                                header_timeout_s=gw.header_timeout_s, max_connections=gw.max_connections)
     bound = await listener.start()
     m = config.metrics
-    stop_metrics = app[METRICS_KEY].listen(m.host, m.gateway_port) if m.gateway_port else None
+    stop_metrics = await app[METRICS_KEY].listen(m.host, m.gateway_port) if m.gateway_port else None
 
     async def stop() -> None:
         await drain(app, listener, runner)
         if stop_metrics is not None:
-            stop_metrics()
+            await stop_metrics()
 
     return bound, stop
 
