@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from botocore.exceptions import ClientError
-from kvsupport import client, keys_for, make_chunks, run, tiny_layout
+from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_layout
 from metricsupport import free_port, scrape, value
 from support import REPO, ServerProcess, boto_client, make_tenants, write_config
 
@@ -116,17 +116,7 @@ def test_no_metrics_listener_unless_configured(server):
 
 def test_every_series_the_grafana_dashboard_queries_is_exported(metered):
     server, tenant, gw_port, ss_port = metered
-    bucket = f"dash-{uuid.uuid4().hex[:8]}"
-    boto_client(server.endpoint, tenant).create_bucket(Bucket=bucket)
-    layout = tiny_layout(16)
-    keys = keys_for(layout, 2, bucket)
-
-    async def one_kv_get():
-        async with client(server, tenant, bucket) as c:
-            await c.put_chunks(keys, make_chunks(layout, 2, seed=3), layout)
-            await c.fetch(keys, layout, transport="http")
-
-    run(one_kv_get())
+    put_and_fetch(server, tenant, f"dash-{uuid.uuid4().hex[:8]}", 2, transport="http")
     exported = {name for name, _ in scrape(gw_port)} | {name for name, _ in scrape(ss_port)}
     dashboard = json.loads((REPO / "deploy" / "grafana" / "objectcache.json").read_text())
     queried = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"\b((?:objectcache|process)_[a-z_]+)\{", t["expr"])}

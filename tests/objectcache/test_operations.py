@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from kvsupport import client, keys_for, make_chunks, run, tiny_layout
+from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_layout
 from metricsupport import free_port, scrape, value
 from support import REPO, ServerProcess, boto_client, make_tenants, write_config
 
@@ -83,17 +83,8 @@ def test_one_access_line_per_request_with_its_id_tenant_operation_bucket_status_
 def test_a_kv_get_has_the_same_request_id_in_the_gateway_line_the_storage_server_line_and_the_end_frame(logged):
     server, tenant = logged
     bucket = f"kvlog-{uuid.uuid4().hex[:8]}"
-    boto_client(server.endpoint, tenant).create_bucket(Bucket=bucket)
+    _, stats = put_and_fetch(server, tenant, bucket, 4, seed=2, transport="http", mode="layerwise")
     layout = tiny_layout(16)
-    keys = keys_for(layout, 4, bucket)
-
-    async def fetch():
-        async with client(server, tenant, bucket) as c:
-            await c.put_chunks(keys, make_chunks(layout, 4, seed=2), layout)
-            _, stats = await c.fetch(keys, layout, transport="http", mode="layerwise")
-            return stats
-
-    stats = run(fetch())
     rid = stats.request_id
     assert rid and stats.server.request_id == rid  # the END frame
     transfer = wait_for_lines(server, lambda r: r.get("logger") == "objectcache.access.transfers" and r.get("request_id") == rid)
