@@ -276,3 +276,24 @@ def test_the_image_copies_every_package_runs_as_a_user_and_checks_health():
     assert {pattern.rstrip("*") for pattern in include} <= copied
     assert re.search(r"^USER objectcache$", dockerfile, re.M)
     assert re.search(r"^HEALTHCHECK .*http://127\.0\.0\.1:9000/health", dockerfile, re.M | re.S)
+
+
+def test_serve_says_ready_once_for_both_processes(tmp_path):
+    """Under ``serve`` the unit's main process speaks for both children; they never notify themselves."""
+    tenant = make_tenants("both")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n')
+    name = f"@objectcache-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name[1:])
+        sock.settimeout(10)
+        server = ServerProcess(config, env={"NOTIFY_SOCKET": name}).start()
+        try:
+            assert sock.recv(256) == b"READY=1"
+            sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                sock.recv(256)  # nothing from the gateway or the storage server
+        finally:
+            server.proc.send_signal(signal.SIGTERM)
+            sock.settimeout(10)
+            assert sock.recv(256) == b"STOPPING=1"
+            assert server.proc.wait(timeout=30) == 0
