@@ -97,17 +97,19 @@ class StorageServer:
         }
 
     async def drain(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for the kv-gets in flight to end (call once the RPC socket no longer accepts);
-        how many were still running at the deadline."""
+        """Wait up to ``timeout_s`` for the kv-gets in flight to end (call once the RPC socket no longer accepts),
+        then stop the rest; how many were still running at the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if self.kv.active:
             log.info("draining: %d transfer(s) in flight, up to %g s", len(self.kv.active), timeout_s)
         while self.kv.active and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.kv.active:
-            log.warning("drain timeout: stopping %d transfer(s) still running", len(self.kv.active))
-        return len(self.kv.active)
+        left = len(self.kv.active)
+        if left:
+            log.warning("drain timeout: stopping %d transfer(s) still running", left)
+            await self.kv.stop_transfers()
+        return left
 
     async def close(self) -> None:
         if self._housekeeper is not None:
@@ -115,6 +117,6 @@ class StorageServer:
         if self._stop_metrics is not None:
             self._stop_metrics()
         self.handover.close()
-        self.kv.close()
+        await self.kv.close()
         await self.chunks.close()
         await self.store.close()

@@ -91,6 +91,7 @@ class KVService:
             tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
         ) if bw.enabled else None
         self.active: dict[str, TransferInfo] = {}
+        self._tasks: dict[str, asyncio.Task] = {}  # what runs each active transfer, to stop it at shutdown
         self.observers: list[TransferObserver] = [log_transfer]
         self.completed = 0
         self.bytes_delivered = 0
@@ -136,6 +137,8 @@ class KVService:
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
             self.active[request_id] = info
+            if (task := asyncio.current_task()) is not None:
+                self._tasks[request_id] = task
             outcome, stats = "failed", None
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
@@ -158,6 +161,7 @@ class KVService:
             return None
         finally:
             self.active.pop(request_id, None)
+            self._tasks.pop(request_id, None)
             if pinned is not None:
                 pinned.release()
             transport.close()
@@ -212,7 +216,17 @@ class KVService:
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
         }
 
-    def close(self) -> None:
+    async def stop_transfers(self) -> None:
+        """Stop every transfer still running (their streams are cut; pins and transports are released) before the
+        stores close under them."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
         self.executor.close()
         self.regions.close()
 
@@ -241,15 +255,17 @@ def _cpus() -> int:
 
 
 async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
-    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
+    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused), or when the
+    caller is cancelled itself (shutdown): ``work`` never outlives this call."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(reader.read(1))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             raise ConnectionAbortedError("the gateway closed the stream")
         return task.result()
     finally:
         watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

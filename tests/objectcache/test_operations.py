@@ -24,6 +24,9 @@ from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_la
 from metricsupport import free_port, scrape, value
 from support import REPO, ServerProcess, boto_client, make_tenants, write_config
 
+from client_sdk import ObjectCacheError
+from protocol.errors import ErrorCode
+
 
 def json_lines(proc: ServerProcess) -> list[dict]:
     out = []
@@ -238,11 +241,13 @@ def test_units_wait_for_the_network_notify_readiness_and_are_hardened():
         assert "After=network-online.target" in text.replace(" objectcache-storage-server.service", "")
 
 
-def test_sigterm_lets_the_storage_server_finish_a_transfer_in_flight(tmp_path):
-    """A kv-get paced to about 2.5 s by a 10 Mbit/s pool: SIGTERM half a second in, and it still completes."""
+def paced_kv_get_across_sigterm(tmp_path, drain_timeout_s: float, transport: str):
+    """A kv-get paced to about 2.5 s by a 10 Mbit/s pool, the storage server SIGTERMed half a second in;
+    (payload or the client's error, the storage server's exit code, its output)."""
     tenant = make_tenants("slow")[0]
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n\n[bandwidth]\ncapacity_gbps = 0.01\nmargin_gbps = 0\n'))
+        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ndrain_timeout_s = {drain_timeout_s}\n'
+        '\n[bandwidth]\ncapacity_gbps = 0.01\nmargin_gbps = 0\n'))
     storage = ServerProcess(config, "storage-server").start()
     gateway = ServerProcess(config, "gateway").start()
     try:
@@ -254,18 +259,38 @@ def test_sigterm_lets_the_storage_server_finish_a_transfer_in_flight(tmp_path):
         async def fetch_during_sigterm():
             async with client(gateway, tenant, "slow") as c:
                 await c.put_chunks(keys, make_chunks(layout, n, seed=9), layout)
-                task = asyncio.ensure_future(c.fetch(keys, layout, transport="http", mode="layerwise"))
+                task = asyncio.ensure_future(c.fetch(keys, layout, transport=transport, mode="layerwise"))
                 await asyncio.sleep(0.5)
                 assert not task.done()
                 storage.proc.send_signal(signal.SIGTERM)
-                return await task
+                try:
+                    data, _ = await task
+                    return data
+                except ObjectCacheError as e:
+                    return e
 
-        data, stats = run(fetch_during_sigterm())
-        assert stats.server.payload_bytes == n * layout.chunk_bytes and data.size == n * layout.chunk_bytes
-        assert storage.proc.wait(timeout=30) == 0
+        outcome = run(fetch_during_sigterm())
+        return outcome, storage.proc.wait(timeout=30), "".join(storage.output)
     finally:
         gateway.stop()
         storage.stop()
+
+
+@pytest.mark.parametrize("transport", ["http", "shm"])
+def test_sigterm_lets_the_storage_server_finish_a_transfer_in_flight(tmp_path, transport):
+    data, code, _ = paced_kv_get_across_sigterm(tmp_path, 30, transport)
+    assert not isinstance(data, Exception), data
+    assert data.size == 3000 * tiny_layout(16).chunk_bytes and code == 0
+
+
+@pytest.mark.parametrize("transport", ["http", "shm"])
+def test_past_its_drain_timeout_the_storage_server_cuts_the_transfer_cleanly_and_exits(tmp_path, transport):
+    """The client is told the storage server stopped (not a corrupt stream), and the daemon stops without a traceback."""
+    error, code, output = paced_kv_get_across_sigterm(tmp_path, 0, transport)
+    assert isinstance(error, ObjectCacheError) and error.code is ErrorCode.ServiceUnavailable and "stopped in the middle" in str(error)
+    assert code == 0
+    assert "drain timeout: stopping 1 transfer(s)" in output
+    assert "Traceback" not in output and "Task was destroyed" not in output
 
 
 def test_the_image_copies_every_package_runs_as_a_user_and_checks_health():
