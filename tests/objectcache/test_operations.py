@@ -20,9 +20,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from botocore.exceptions import ClientError
 from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_layout
 from metricsupport import free_port, scrape, value
-from support import REPO, ServerProcess, boto_client, make_tenants, write_config
+from support import REPO, ServerProcess, TenantKeys, boto_client, make_tenants, write_config
 
 from client_sdk import ObjectCacheError
 from protocol.errors import ErrorCode
@@ -81,6 +82,17 @@ def test_one_access_line_per_request_with_its_id_tenant_operation_bucket_status_
     put = wait_for_lines(server, lambda r: r.get("request_id") == ids["PutObject"])[0]
     get = wait_for_lines(server, lambda r: r.get("request_id") == ids["GetObject"])[0]
     assert put["bytes_in"] == 777 and get["bytes_out"] >= 777
+
+
+
+def test_a_request_refused_before_routing_is_logged_too(logged):
+    server, _ = logged
+    stranger = boto_client(server.endpoint, TenantKeys("nobody", "AKNOTAKEY", "not-a-secret"))
+    with pytest.raises(ClientError) as e:
+        stranger.list_buckets()
+    rid = e.value.response["ResponseMetadata"]["RequestId"]
+    [line] = wait_for_lines(server, lambda r: r.get("logger") == "objectcache.access" and r.get("request_id") == rid)
+    assert (line["operation"], line["tenant"], line["status"]) == ("Unknown", None, 403)
 
 
 def test_a_kv_get_has_the_same_request_id_in_the_gateway_line_the_storage_server_line_and_the_end_frame(logged):
