@@ -53,7 +53,8 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
     proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            # No access log: one line per request would flood the benchmark's terminal (and cost time).
+                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, "PYTHONPATH": str(REPO)})
     endpoint = ""
     for line in proc.stdout:  # type: ignore[union-attr]
         if "endpoint:" in line:

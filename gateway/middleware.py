@@ -61,6 +61,7 @@ class OperationRecord:
     bytes_out: int
     request_id: str
     tenant: str | None
+    bucket: str | None = None
 
 
 OperationHook = Callable[[OperationRecord], None]
@@ -113,7 +114,7 @@ async def operation_hooks(request: web.Request, handler: _Handler) -> web.Stream
     finally:
         st = state(request)
         record = OperationRecord(st.operation, status, time.perf_counter() - started, request.content.total_bytes, bytes_out,
-                                 st.request_id, st.tenant)
+                                 st.request_id, st.tenant, st.addr.bucket if st.addr is not None else None)
         for hook in hooks:
             try:
                 hook(record)

@@ -7,6 +7,7 @@ table's answer (:mod:`gateway.s3api.router`, with :mod:`gateway.kv.routes`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -14,33 +15,43 @@ from aiohttp import web
 from protocol.config import Config
 from storage_server.store import ObjectStore
 
-from . import middleware
+from . import access_log, middleware
 from .auth.sigv4 import ANONYMOUS, Credentials, RequestVerifier, carries_credentials, parse_query
 from .connections import GuardedListener
+from .health import Health, is_probe
 from .kv import handlers as kv_handlers
 from .kv import routes as kv_routes
+from .metrics import GatewayMetrics
 from .s3api import router
 from .s3api.context import Level, S3Request
 from .storage_rpc import StorageServerClient
 
 STORE_KEY = web.AppKey("store", ObjectStore)
 CONFIG_KEY = web.AppKey("config", Config)
+HEALTH_KEY = web.AppKey("health", Health)
+METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 
 # The KV table comes first: an extension's sub-resource selects it over the S3 operation at the same address.
+log = logging.getLogger("objectcache.gateway")
+
 ROUTER = router.Router(kv_routes.ROUTES, router.ROUTES)
 
 
 class Gateway:
     """Holds the shared verifier and dispatches every request to its route's handler."""
 
-    def __init__(self, config: Config, store: ObjectStore) -> None:
+    def __init__(self, config: Config, store: ObjectStore, health: Health) -> None:
         self.config = config
         self.store = store
+        self.health = health
         by_key = {t.access_key: Credentials(t.access_key, t.secret_key, t.name) for t in config.tenants}
         self.verifier = RequestVerifier(by_key.get, max_skew_s=config.gateway.max_clock_skew_s)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         st = middleware.state(request)
+        if is_probe(request):  # before authentication: probes carry no credentials
+            st.operation = "Health" if request.raw_path == "/health" else "Ready"
+            return await self.health.answer(request)
         raw_path, _, raw_query = request.raw_path.partition("?")
         addr = st.addr = router.address(raw_path, request.headers.get("Host", ""), self.config.gateway.domains)
         v2_resource = raw_path if addr.path_style else f"/{addr.bucket}{raw_path}"
@@ -56,12 +67,17 @@ class Gateway:
 
 
 def build_app(config: Config, store: ObjectStore) -> web.Application:
-    gw = Gateway(config, store)
+    rpc = StorageServerClient(config)
+    health = Health(store, rpc)
+    gw = Gateway(config, store, health)
     app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536, "auto_decompress": False})
     middleware.install(app)
     app[STORE_KEY] = store
     app[CONFIG_KEY] = config
-    app[kv_handlers.RPC_KEY] = StorageServerClient(config)
+    app[kv_handlers.RPC_KEY] = rpc
+    app[HEALTH_KEY] = health
+    app[METRICS_KEY] = metrics = GatewayMetrics()
+    app[middleware.OPERATION_HOOKS].extend((metrics.observe, access_log.log_request))
     app.router.add_route("*", "/{tail:.*}", gw.handle)
 
     async def close_store(_: web.Application) -> None:
@@ -72,18 +88,35 @@ def build_app(config: Config, store: ObjectStore) -> web.Application:
 
 
 async def start_gateway(config: Config, store: ObjectStore, host: str | None = None, port: int | None = None) -> tuple[int, Callable[[], Awaitable[None]]]:
-    """Serve the gateway on ``host:port`` (the config's by default) with the connection guards; the port and a stop function."""
+    """Serve the gateway on ``host:port`` (the config's by default) with the connection guards, and its metrics
+    listener when configured; the port and a stop function that drains (see :func:`drain`)."""
+    gw = config.gateway
+    app = build_app(config, store)
     # handler_cancellation: a client that disconnects cancels its handler at once,
     # which closes the relayed storage-server stream and stops the transfer.
-    runner = web.AppRunner(build_app(config, store), access_log=None, handler_cancellation=True)
+    # shutdown_timeout: how long requests in flight may finish once the listener closed.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=gw.drain_timeout_s)
     await runner.setup()
-    gw = config.gateway
     listener = GuardedListener(runner, gw.host if host is None else host, gw.port if port is None else port,
                                header_timeout_s=gw.header_timeout_s, max_connections=gw.max_connections)
     bound = await listener.start()
+    m = config.metrics
+    stop_metrics = await app[METRICS_KEY].listen(m.host, m.gateway_port) if m.gateway_port else None
 
     async def stop() -> None:
-        await listener.stop()
-        await runner.cleanup()
+        await drain(app, listener, runner)
+        if stop_metrics is not None:
+            await stop_metrics()
 
     return bound, stop
+
+
+async def drain(app: web.Application, listener: GuardedListener, runner: web.AppRunner) -> None:
+    """Shut down gracefully: ``/ready`` turns 503 first, then the listener closes (new connections are
+    refused, idle keep-alive ones closed) and requests in flight get ``gateway.drain_timeout_s`` to finish."""
+    app[HEALTH_KEY].draining = True
+    app[METRICS_KEY].draining.set(1)
+    in_flight = sum(1 for c in (runner.server.connections if runner.server else []) if c._current_request is not None)
+    log.info("draining: %d request(s) in flight, up to %g s", in_flight, app[CONFIG_KEY].gateway.drain_timeout_s)
+    await listener.stop()
+    await runner.cleanup()

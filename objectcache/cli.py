@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import subprocess
@@ -16,7 +15,9 @@ from pathlib import Path
 from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, with_dev_tenant
 from protocol.config import Config, ConfigError, load_config
 
+from . import logging_setup
 from .restart import RestartBackoff
+from .sdnotify import notify
 
 READY = "READY"
 
@@ -48,14 +49,17 @@ def _install_loop() -> None:
 
 
 async def _run_until_signal(start) -> None:
+    """Serve until SIGINT/SIGTERM, telling systemd (``Type=notify``) when ready and when stopping; ``cleanup`` drains."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     cleanup = await start()
+    notify("READY=1")
     try:
         await stop.wait()
     finally:
+        notify("STOPPING=1")
         await cleanup()
 
 
@@ -86,7 +90,8 @@ def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
         print(f"{READY} storage-server {where}", flush=True)
 
         async def cleanup() -> None:
-            server.close()
+            server.close()  # no new RPC connections; transfers in flight go on
+            await daemon.drain(cfg.storage_server.drain_timeout_s)
             await server.wait_closed()
             await daemon.close()
 
@@ -107,7 +112,8 @@ def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.
             argv += ["--host", args.host]
         if port is not None:
             argv += ["--port", str(port)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
+    # The children must not talk to systemd themselves: ``serve`` is the unit's main process and says READY once both are.
+    env = dict({k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
 
 
@@ -136,9 +142,11 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
-        for p in children.values():
-            if p.poll() is None:
-                p.terminate()
+        gateway = children.get("gateway")
+        if gateway is not None and gateway.poll() is None:
+            gateway.terminate()
+        elif gateway is None and "storage-server" in children and children["storage-server"].poll() is None:
+            children["storage-server"].terminate()  # stopped while starting: nothing to drain
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -154,6 +162,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
+        notify("READY=1")
         backoff = RestartBackoff()
         started = time.monotonic()
         while not stopping and children["gateway"].poll() is None:
@@ -171,10 +180,16 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
                 started = time.monotonic()
                 print("objectcache: storage server is back", flush=True)
     finally:
-        stop()
-        for p in children.values():
+        notify("STOPPING=1")
+        # The gateway drains first (its requests in flight may need the storage server), then the storage server stops.
+        for name in ("gateway", "storage-server"):
+            p = children.get(name)
+            if p is None:
+                continue
+            if p.poll() is None:
+                p.terminate()
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=cfg.gateway.drain_timeout_s + 10)
             except subprocess.TimeoutExpired:
                 p.kill()
     codes = [p.returncode for p in children.values()]
@@ -208,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         # Every command reads the configuration first (bench only its environment part), so a
         # bad key or an unknown OBJECTCACHE_* variable stops it before anything starts.
         cfg = _load(args)
-        logging.basicConfig(level=cfg.log.level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging_setup.configure(cfg.log)
         if args.command != "serve":
             _install_loop()
         return args.func(args, cfg)

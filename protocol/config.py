@@ -31,6 +31,7 @@ STORE_BACKENDS = ("local",)
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 # Keys renamed since earlier releases: an old config is refused with a pointer to the new name.
 RENAMED = {
     "gateway.max_keys": "gateway.max_list_keys",
@@ -95,9 +96,12 @@ class GatewayConfig(Section):
     # Open client connections at once; more are answered 503 and closed. Also bounded by half
     # the process's file-descriptor limit.
     max_connections: int = 4096
+    # On SIGTERM: /ready turns 503, the listener closes, and requests in flight get this long to finish.
+    drain_timeout_s: float = 30.0
 
     def validate(self) -> None:
         self.require(0 <= self.port <= 65535, "port", f"{self.port} is not a TCP port (0..65535)")
+        self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
         self.require(self.header_timeout_s > 0, "header_timeout_s", "must be positive")
         self.require(self.body_timeout_s > 0, "body_timeout_s", "must be positive")
         self.require(self.max_connections >= 1, "max_connections", "must be at least 1")
@@ -160,6 +164,8 @@ class StorageServerConfig(Section):
     region_idle_s: float = 600.0
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
+    # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
+    drain_timeout_s: float = 30.0
 
     def validate(self) -> None:
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
@@ -169,6 +175,7 @@ class StorageServerConfig(Section):
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
+        self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -206,9 +213,29 @@ class LogConfig(Section):
     """Logging of every process; ``OBJECTCACHE_LOG_LEVEL=DEBUG`` is the usual way to set it."""
 
     level: str = "WARNING"
+    # "text" for people, "json" (one object per line) for log shippers.
+    format: str = "text"
+    # One line per request (gateway) and per finished kv-get (storage server), whatever ``level`` is.
+    access: bool = True
 
     def validate(self) -> None:
         self.require(self.level.upper() in LOG_LEVELS, "level", f"{self.level!r} is not one of {', '.join(LOG_LEVELS)}")
+        self.require(self.format in LOG_FORMATS, "format", f"{self.format!r} is not one of {', '.join(LOG_FORMATS)}")
+
+
+@dataclass(frozen=True)
+class MetricsConfig(Section):
+    """Prometheus listeners, one per process, apart from the S3 port (scrapes need no signature: keep them private)."""
+
+    host: str = "127.0.0.1"
+    # 0 = no listener.
+    gateway_port: int = 0
+    storage_server_port: int = 0
+
+    def validate(self) -> None:
+        for key in ("gateway_port", "storage_server_port"):
+            port = getattr(self, key)
+            self.require(0 <= port <= 65535, key, f"{port} is not a TCP port (1..65535, or 0 for none)")
 
 
 @dataclass(frozen=True)
@@ -218,6 +245,7 @@ class Config(Section):
     storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tenants: tuple[Tenant, ...] = ()
 
     @property

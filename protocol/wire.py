@@ -329,6 +329,8 @@ class TransferStats:
     storage_read_s: float = 0.0
     delivery_s: float = 0.0
     total_s: float = 0.0
+    # From the start of the transfer to layer 0 being ready in the destination.
+    first_layer_s: float = 0.0
     # Bandwidth allocation for layerwise transfers (scheduler): policy, rate, epoch.
     allocation: dict = field(default_factory=dict)
 

@@ -144,6 +144,12 @@ class BandwidthPool:
             self._free_slots -= 1
             fut.set_result(None)
 
+    async def close(self) -> None:
+        """Stop the epoch loop (at shutdown, once no transfer is left)."""
+        if self._epoch_task is not None:
+            self._epoch_task.cancel()
+            await asyncio.gather(self._epoch_task, return_exceptions=True)
+
     def status(self) -> dict:
         return {
             "policy": self.config.policy,

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from protocol.config import Config
 from protocol.rpc import Op
 
 from .kv_service import KVService, PacerFactory
+from .metrics import StorageServerMetrics
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
@@ -35,6 +36,8 @@ class StorageServer:
         self.chunks = chunks
         self.started = time.time()
         self.kv = KVService(config, chunks, pacers)
+        self.metrics = StorageServerMetrics(self.kv)
+        self._stop_metrics: Callable[[], None] | None = None
         self.rpc = RpcServer({
             Op.PING: self._ping,
             Op.STATUS: self._status,
@@ -51,6 +54,9 @@ class StorageServer:
     async def start(self) -> asyncio.AbstractServer:
         self._housekeeper = asyncio.ensure_future(self.housekeeping())
         await self.handover.start()
+        m = self.config.metrics
+        if m.storage_server_port:
+            self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp)
 
     async def housekeeping(self) -> None:
@@ -91,10 +97,27 @@ class StorageServer:
             **self.chunks.status(),
         }
 
+    async def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the kv-gets in flight to end (call once the RPC socket no longer accepts),
+        then stop the rest; how many were still running at the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self.kv.active:
+            log.info("draining: %d transfer(s) in flight, up to %g s", len(self.kv.active), timeout_s)
+        while self.kv.active and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = len(self.kv.active)
+        if left:
+            log.warning("drain timeout: stopping %d transfer(s) still running", left)
+            await self.kv.stop_transfers()
+        return left
+
     async def close(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
         self.handover.close()
-        self.kv.close()
+        await self.kv.close()
         await self.chunks.close()
         await self.store.close()

@@ -131,7 +131,7 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        read_s = deliver_s = 0.0
+        read_s = deliver_s = first_layer_s = 0.0
         if plan.mode == Mode.CHUNKWISE:
             dest = transport.payload_buffer()
             t0 = time.perf_counter()
@@ -141,10 +141,12 @@ class Executor:
             t1 = time.perf_counter()
             await transport.deliver_payload(dest, crcs)
             read_s, deliver_s = t1 - t0, time.perf_counter() - t1
+            first_layer_s = time.perf_counter() - started  # every layer is ready at once
         else:
             deliveries: list[asyncio.Task] = []  # one per piece, in order
             deliver_time = [0.0]
             crc = [0]  # running CRC32C of the layer being delivered
+            first_ready = [0.0]
 
             async def deliver(layer: int, first: int, data: memoryview, ends_layer: bool, previous: asyncio.Task | None) -> None:
                 if previous is not None:
@@ -156,6 +158,8 @@ class Executor:
                 if ends_layer:
                     await transport.layer_ready(layer, crc[0])
                     crc[0] = 0
+                    if layer == 0:
+                        first_ready[0] = time.perf_counter() - started
                 deliver_time[0] += time.perf_counter() - t
 
             n, k = len(plan.fds), plan.piece_chunks
@@ -188,11 +192,12 @@ class Executor:
                     t.cancel()
                 await asyncio.gather(*deliveries, return_exceptions=True)
                 raise
-            deliver_s = deliver_time[0]
+            deliver_s, first_layer_s = deliver_time[0], first_ready[0]
         return TransferStats(
             mode=plan.mode.name.lower(),
             payload_bytes=d.payload_bytes,
             storage_read_s=read_s,
             delivery_s=deliver_s,
             total_s=time.perf_counter() - started,
+            first_layer_s=first_layer_s,
         )

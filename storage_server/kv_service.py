@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,6 +38,7 @@ from .transports.nixl_engine import NixlEngine
 from .transports.rdma import RemoteRegion
 
 log = logging.getLogger("objectcache.storage_server")
+access_log = logging.getLogger("objectcache.access.transfers")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class TransferInfo:
 
 # Builds a pacer for a transfer (or None to leave it alone). Injected by whoever builds the server.
 PacerFactory = Callable[[TransferInfo], Pacer | None]
+# Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
+# statistics when it completed (the metrics plug in here).
+TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
 
 
 class Pacers:
@@ -92,6 +97,8 @@ class KVService:
         self._nixl: NixlEngine | None = None  # created on the first RDMA registration
         self.active: dict[int, TransferInfo] = {}  # keyed per transfer: request ids come from clients' gateways
         self._transfers = itertools.count()
+        self._tasks: dict[int, asyncio.Task] = {}  # what runs each active transfer, to stop it at shutdown
+        self.observers: list[TransferObserver] = [log_transfer]
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -157,6 +164,9 @@ class KVService:
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
             self.active[slot] = info
+            if (task := asyncio.current_task()) is not None:
+                self._tasks[slot] = task
+            outcome, stats = "failed", None
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
                 stats = await _until_disconnect(call.reader, work)
@@ -164,19 +174,31 @@ class KVService:
                 await frames.end(stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes
+                outcome = "ok"
             except S3Error as e:
+                outcome = "error"
                 await frames.error(e.to_dict())
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                outcome = "client_gone"
                 log.info("client of %s went away; transfer stopped", request_id)
             except Exception as e:
                 log.exception("transfer %s failed", request_id)
                 await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+            self._ended(info, outcome, stats)
             return None
         finally:
             self.active.pop(slot, None)
+            self._tasks.pop(slot, None)
             if pinned is not None:
                 pinned.release()
             transport.close()
+
+    def _ended(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+        for observe in self.observers:
+            try:
+                observe(info, outcome, stats)
+            except Exception:
+                log.exception("transfer observer %r failed (request %s)", observe, info.request_id)
 
     async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
         """Run once the transfer's staging memory fits the budget (http); waiting ends if the client leaves."""
@@ -221,9 +243,29 @@ class KVService:
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
         }
 
-    def close(self) -> None:
+    async def stop_transfers(self) -> None:
+        """Stop every transfer still running (their streams are cut; pins and transports are released) before the
+        stores close under them."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
         self.executor.close()
         self.regions.close()
+
+
+def log_transfer(info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+    """The storage server's access line for a kv-get: the gateway's request id, so both logs join."""
+    if access_log.isEnabledFor(logging.INFO):
+        fields = {"request_id": info.request_id, "tenant": info.tenant, "bucket": info.bucket, "operation": "KVGet",
+                  "outcome": outcome, "mode": info.plan.mode.name.lower(), "transport": info.descriptor.target.transport.name.lower(),
+                  "bytes": info.descriptor.payload_bytes if outcome == "ok" else 0,
+                  "seconds": round(stats.total_s, 6) if stats is not None else None}
+        access_log.info(json.dumps(fields), extra={"fields": fields})
 
 
 def handover_socket_path(config: Config) -> str:
@@ -240,15 +282,17 @@ def _cpus() -> int:
 
 
 async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
-    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused)."""
+    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused), or when the
+    caller is cancelled itself (shutdown): ``work`` never outlives this call."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(reader.read(1))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             raise ConnectionAbortedError("the gateway closed the stream")
         return task.result()
     finally:
         watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

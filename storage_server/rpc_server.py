@@ -64,6 +64,8 @@ class RpcServer:
                 await writer.drain()
         except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            pass  # shutdown stopped this connection's transfer: closing the stream below is the whole answer
         except ValueError:  # a request line longer than MAX_REQUEST_LINE
             writer.write(encode_error(S3Error(ErrorCode.InvalidRequest, f"bad RPC request: line longer than {MAX_REQUEST_LINE} bytes")))
         finally:

@@ -60,3 +60,19 @@ def _rdma_param():
 
 # Every transport a KV test should cover: rdma runs for real (NIXL over UCX's CMA/TCP) where nixl is installed.
 TRANSPORTS = ["shm", "http", _rdma_param()]
+
+
+def put_and_fetch(server, tenant, bucket: str, n: int, seed: int = 0, **fetch_kw):
+    """A new bucket with ``n`` tiny chunks, fetched once through the SDK; (payload, FetchStats)."""
+    from support import boto_client
+
+    boto_client(server.endpoint, tenant).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, n, bucket)
+
+    async def go():
+        async with client(server, tenant, bucket) as c:
+            await c.put_chunks(keys, make_chunks(layout, n, seed=seed), layout)
+            return await c.fetch(keys, layout, **fetch_kw)
+
+    return run(go())

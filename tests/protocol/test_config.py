@@ -169,3 +169,16 @@ def test_the_readme_table_lists_every_key_and_no_other():
         documented |= {first} | {first.rsplit(".", 1)[0] + k if k.startswith(".") else k for k in more}
     schema = {".".join(p) for p in ENV_VARS.values() if p != ("tenants",)} | {f"tenants.{f.name}" for f in fields(Tenant)}
     assert documented == schema
+
+
+def test_operations_keys_are_checked_and_overridable():
+    with pytest.raises(ConfigError, match="log.format"):
+        load_config(env={"OBJECTCACHE_LOG_FORMAT": "xml"})
+    with pytest.raises(ConfigError, match="metrics.gateway_port"):
+        load_config(env={"OBJECTCACHE_METRICS_GATEWAY_PORT": "70000"})
+    with pytest.raises(ConfigError, match="gateway.drain_timeout_s"):
+        load_config(env={"OBJECTCACHE_GATEWAY_DRAIN_TIMEOUT_S": "-1"})
+    cfg = load_config(env={"OBJECTCACHE_LOG_ACCESS": "false", "OBJECTCACHE_LOG_FORMAT": "json", "OBJECTCACHE_GATEWAY_DRAIN_TIMEOUT_S": "5",
+                           "OBJECTCACHE_METRICS_STORAGE_SERVER_PORT": "9102"})
+    assert (cfg.log.access, cfg.log.format, cfg.gateway.drain_timeout_s, cfg.metrics.storage_server_port) == (False, "json", 5.0, 9102)
+    assert (cfg.metrics.host, cfg.metrics.gateway_port, cfg.storage_server.drain_timeout_s) == ("127.0.0.1", 0, 30.0)

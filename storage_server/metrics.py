@@ -1,0 +1,94 @@
+"""Prometheus metrics of the storage server: kv-gets, their bytes and timings, and what it holds right now.
+
+Counters and histograms are fed by a :data:`~storage_server.kv_service.TransferObserver`
+when a kv-get ends; gauges (active transfers, staging memory, registered
+regions, the bandwidth pool's allocation per tenant) are read from the live
+service at scrape time, so they can never drift from it. Served on
+``[metrics] storage_server_port`` with the process collectors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from protocol.wire import TransferStats
+
+from .kv_service import KVService, TransferInfo
+
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class LiveState(Collector):
+    """Gauges read from the service at scrape time (from the listener's thread: plain reads of counts)."""
+
+    def __init__(self, kv: KVService) -> None:
+        self.kv = kv
+
+    def collect(self) -> Iterator[Metric]:
+        kv = self.kv
+        active = GaugeMetricFamily("objectcache_kv_transfers_active", "kv-gets accepted and not yet ended", labels=["mode"])
+        modes = Tally(t.plan.mode.name.lower() for t in list(kv.active.values()))
+        for mode in ("chunkwise", "layerwise"):
+            active.add_metric([mode], modes.get(mode, 0))
+        yield active
+        yield GaugeMetricFamily("objectcache_kv_staging_held_bytes", "http staging memory held by transfers", value=kv.staging.held)
+        yield GaugeMetricFamily("objectcache_kv_staging_limit_bytes", "http staging budget (storage_server.http_staging_bytes)",
+                                value=kv.staging.total)
+        yield GaugeMetricFamily("objectcache_kv_staging_waiting", "transfers waiting for staging memory", value=kv.staging.waiting)
+        yield GaugeMetricFamily("objectcache_kv_regions", "registered shm regions", value=len(kv.regions))
+        allocated = GaugeMetricFamily("objectcache_bandwidth_allocated_bytes_per_second",
+                                      "bandwidth pool rate allocated to running layerwise transfers, per tenant", labels=["tenant"])
+        if kv.pool is not None:
+            per_tenant = Tally({t.name: 0.0 for t in kv.config.tenants})  # every tenant has a series, 0 while idle
+            for lease in list(kv.pool._leases.values()):
+                per_tenant[lease.tenant] += lease.rate
+            for tenant, rate in sorted(per_tenant.items()):
+                allocated.add_metric([tenant], rate)
+            yield GaugeMetricFamily("objectcache_bandwidth_capacity_bytes_per_second", "bandwidth pool capacity B",
+                                    value=kv.pool.scheduler.capacity)
+        yield allocated
+
+
+class StorageServerMetrics:
+    """One storage server's registry; :meth:`observe` is its transfer observer."""
+
+    def __init__(self, kv: KVService) -> None:
+        self.registry = r = CollectorRegistry()
+        for shared in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # the process's own: CPU, memory, fds, GC
+            r.register(shared)
+        r.register(LiveState(kv))
+        labels = ["mode", "transport"]
+        self.gets = Counter("objectcache_kv_gets", "kv-gets accepted, by how they ended", [*labels, "outcome"], registry=r)
+        self.payload = Counter("objectcache_kv_get_payload_bytes", "payload bytes delivered by completed kv-gets", labels, registry=r)
+        self.first_layer = Histogram("objectcache_kv_get_first_layer_seconds", "transfer start to layer 0 ready in the destination",
+                                     labels, buckets=SECONDS_BUCKETS, registry=r)
+        self.per_layer = Histogram("objectcache_kv_get_layer_delivery_seconds", "delivery time per layer (a transfer's mean)",
+                                   labels, buckets=SECONDS_BUCKETS, registry=r)
+        self.total = Histogram("objectcache_kv_get_seconds", "transfer start to END", labels, buckets=SECONDS_BUCKETS, registry=r)
+        kv.observers.append(self.observe)
+
+    def observe(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+        mode, transport = info.plan.mode.name.lower(), info.descriptor.target.transport.name.lower()
+        self.gets.labels(mode, transport, outcome).inc()
+        if stats is None or outcome != "ok":
+            return
+        self.payload.labels(mode, transport).inc(stats.payload_bytes)
+        self.first_layer.labels(mode, transport).observe(stats.first_layer_s)
+        self.per_layer.labels(mode, transport).observe(stats.delivery_s / max(info.descriptor.num_layers, 1))
+        self.total.labels(mode, transport).observe(stats.total_s)
+
+    def listen(self, host: str, port: int) -> Callable[[], None]:
+        """Serve ``/metrics`` on its own listener thread; a stop function."""
+        server, thread = start_http_server(port, host, self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+
+        return stop
