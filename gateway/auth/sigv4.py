@@ -228,11 +228,7 @@ class RequestVerifier:
             [method, self._canonical_uri(raw_path), canonical_query(parse_query(raw_query)),
              canonical_headers(headers, signed), m["signed"], content_sha]
         )
-        key = signing_key(creds.secret_key, date, region, "s3")
-        expected = hmac_hex(key, string_to_sign(amz_date, scope, creq))
-        if not hmac.compare_digest(expected, m["sig"]):
-            raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
-        return AuthResult(creds.tenant, access_key, mode, payload_hash, key, m["sig"], amz_date, scope)
+        return _signed_by(creds, access_key, date, region, scope, amz_date, creq, m["sig"], mode, payload_hash)
 
     def _verify_presigned(self, method, raw_path, raw_query, headers) -> AuthResult:
         pairs = parse_query(raw_query)
@@ -264,11 +260,16 @@ class RequestVerifier:
             [method, self._canonical_uri(raw_path), canonical_query(pairs, exclude="X-Amz-Signature"),
              canonical_headers(headers, signed), q["X-Amz-SignedHeaders"], content_sha]
         )
-        key = signing_key(creds.secret_key, date, region, "s3")
-        expected = hmac_hex(key, string_to_sign(amz_date, scope, creq))
-        if not hmac.compare_digest(expected, q["X-Amz-Signature"]):
-            raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
-        return AuthResult(creds.tenant, access_key, mode, payload_hash, key, q["X-Amz-Signature"], amz_date, scope)
+        return _signed_by(creds, access_key, date, region, scope, amz_date, creq, q["X-Amz-Signature"], mode, payload_hash)
+
+
+def _signed_by(creds: Credentials, access_key: str, date: str, region: str, scope: str, amz_date: str, creq: str, given: str,
+               mode: PayloadMode, payload_hash: str | None) -> AuthResult:
+    """The request as authenticated, if ``given`` is the signature the tenant's secret gives its canonical request."""
+    key = signing_key(creds.secret_key, date, region, "s3")
+    if not hmac.compare_digest(hmac_hex(key, string_to_sign(amz_date, scope, creq)), given):
+        raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
+    return AuthResult(creds.tenant, access_key, mode, payload_hash, key, given, amz_date, scope)
 
 
 def _payload_mode(content_sha: str) -> tuple[PayloadMode, str | None]:
