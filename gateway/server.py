@@ -55,6 +55,8 @@ class Gateway:
         raw_path, _, raw_query = request.raw_path.partition("?")
         addr = st.addr = router.address(raw_path, request.headers.get("Host", ""), self.config.gateway.domains)
         v2_resource = raw_path if addr.path_style else f"/{addr.bucket}{raw_path}"
+        if addr.level == Level.BUCKET and not v2_resource.endswith("/"):
+            v2_resource += "/"  # SigV2 signs a bucket as "/bucket/" (botocore, s3cmd), also for path-style "/bucket"
         if request.method in ("GET", "HEAD") and addr.level == Level.OBJECT and not carries_credentials(request.headers, raw_query):
             auth = ANONYMOUS  # may read only what an object's ACL makes public (checked by the handler)
         else:

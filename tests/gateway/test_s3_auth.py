@@ -211,3 +211,12 @@ def test_aws_chunked_signed_payload(server, tenants, s3, bucket, tamper):
     else:
         assert r.status == 200, r.body
         assert s3.get_object(Bucket=bucket, Key="s")["Body"].read() == data
+
+
+def test_presigned_listing_works_with_either_signature_version(s3, presigner, bucket):
+    """SigV2 signs a bucket as "/bucket/" even for a path-style "/bucket" URL (botocore, s3cmd)."""
+    s3.put_object(Bucket=bucket, Key="listed", Body=b"x")
+    for op in ("list_objects", "list_objects_v2"):
+        url = presigner.generate_presigned_url(op, Params={"Bucket": bucket}, ExpiresIn=60)
+        with urllib.request.urlopen(url) as resp:
+            assert resp.status == 200 and b"<Key>listed</Key>" in resp.read()
