@@ -75,7 +75,7 @@ def new_request_id() -> str:
 
 
 def error_response(err: S3Error, request_id: str, method: str) -> web.Response:
-    headers = {"x-amz-request-id": request_id}
+    headers = {**err.headers, "x-amz-request-id": request_id}
     if err.code is ErrorCode.NotModified:
         return web.Response(status=304, headers=headers)
     body = None if method == "HEAD" else xml.error_document(err, request_id)

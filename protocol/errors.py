@@ -79,12 +79,15 @@ class ErrorCode(Enum):
 
 @dataclass
 class S3Error(Exception):
-    """An S3-style failure. ``extra`` adds fields to the XML body (e.g. ``Key``)."""
+    """An S3-style failure. ``extra`` adds fields to the XML body (e.g. ``Key``); ``headers`` are HTTP
+    headers its response carries (a 304's ``ETag`` and ``Last-Modified``). Neither crosses the RPC
+    envelope but ``extra``."""
 
     code: ErrorCode
     message: str = ""
     resource: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.message:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from email.utils import parsedate_to_datetime
 
 from multidict import CIMultiDictProxy
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import KVOp
+
+from . import dates
 
 # Sub-resources that are part of the V2 canonical resource: S3's (as botocore signs them) and the KV
 # extensions', so a signature covers every query name that selects an operation.
@@ -49,14 +50,21 @@ def signature(secret: str, sts: str) -> str:
     return base64.b64encode(hmac.new(secret.encode(), sts.encode(), hashlib.sha1).digest()).decode()
 
 
-def request_time(headers: CIMultiDictProxy[str]) -> tuple[float, str]:
-    """(time of the request, the Date line it contributes to the string to sign)."""
-    amz_date = headers.get("x-amz-date")
-    raw = amz_date or headers.get("Date")
+def request_time(headers: CIMultiDictProxy[str]) -> tuple[float, tuple[str, ...]]:
+    """(time of the request, the Date lines a correct signature may put in its string to sign).
+
+    ``X-Amz-Date`` wins over ``Date`` and may take either date form. With it, the
+    specification's Date line is empty (the time is signed among the ``x-amz-*``
+    headers); botocore's ``HmacV1Auth`` still signs the ``Date`` header's value
+    there, and that is accepted too: both strings cover the same request.
+    """
+    amz_date, date = headers.get("x-amz-date"), headers.get("Date")
+    raw = amz_date or date
     if not raw:
         raise S3Error(ErrorCode.AccessDenied, "AWS authentication requires a valid Date or x-amz-date header")
-    try:
-        ts = parsedate_to_datetime(raw).timestamp()
-    except (TypeError, ValueError, IndexError):
-        raise S3Error(ErrorCode.AccessDenied, f"Invalid date {raw!r}") from None
-    return ts, "" if amz_date else raw.strip()
+    ts = dates.parse(raw)
+    if ts is None:
+        raise S3Error(ErrorCode.AccessDenied, f"Invalid date {raw!r}: expected an HTTP date (RFC 1123) or YYYYMMDD'T'HHMMSS'Z'.")
+    if not amz_date:
+        return ts, (raw.strip(),)
+    return ts, ("",) if date is None else ("", date.strip())

@@ -23,7 +23,7 @@ from multidict import CIMultiDictProxy
 
 from protocol.errors import ErrorCode, S3Error
 
-from . import sigv2
+from . import dates, sigv2
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -132,7 +132,7 @@ def string_to_sign(amz_date: str, scope: str, canonical_request: str) -> str:
 
 def parse_amz_date(s: str) -> float:
     try:
-        return float(timegm(time.strptime(s, "%Y%m%dT%H%M%SZ")))
+        return float(timegm(time.strptime(s, dates.AMZ_FORMAT)))
     except ValueError:
         raise S3Error(ErrorCode.AccessDenied, f"Invalid X-Amz-Date {s!r}; expected format YYYYMMDD'T'HHMMSS'Z'.") from None
 
@@ -183,7 +183,7 @@ class RequestVerifier:
         creds = self._credentials(access_key)
         now = self._clock()
         if expires is None:
-            ts, date_line = sigv2.request_time(headers)
+            ts, date_lines = sigv2.request_time(headers)
             if abs(now - ts) > self.max_skew_s:
                 raise S3Error(ErrorCode.RequestTimeTooSkewed)
         else:
@@ -191,10 +191,10 @@ class RequestVerifier:
                 raise S3Error(ErrorCode.AccessDenied, "Expires must be an integer (seconds since the epoch).")
             if now > int(expires):
                 raise S3Error(ErrorCode.AccessDenied, "Request has expired", extra={"Expires": expires})
-            date_line = expires
+            date_lines = (expires,)
         resource = sigv2.canonical_resource(resource_path, parse_query(raw_query))
-        expected = sigv2.signature(creds.secret_key, sigv2.string_to_sign(method, headers, date_line, resource))
-        if not hmac.compare_digest(expected, sig):
+        expected = (sigv2.signature(creds.secret_key, sigv2.string_to_sign(method, headers, line, resource)) for line in date_lines)
+        if not any(hmac.compare_digest(e, sig) for e in expected):
             raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
         return AuthResult(creds.tenant, access_key, PayloadMode.UNSIGNED, None, b"", "", "", "")
 
@@ -206,12 +206,16 @@ class RequestVerifier:
         m = _AUTH_RE.match(auth.strip())
         if m is None:
             raise S3Error(ErrorCode.AuthorizationHeaderMalformed, f"The authorization header is malformed: {auth[:120]!r}")
-        amz_date = headers.get("x-amz-date") or ""
-        if not amz_date:
+        # X-Amz-Date, else Date (botocore signs with Date alone when the request has one), in either form.
+        raw_date = headers.get("x-amz-date") or headers.get("Date") or ""
+        if not raw_date:
             raise S3Error(ErrorCode.AccessDenied, "AWS authentication requires a valid Date or x-amz-date header")
+        request_time = dates.parse(raw_date)
+        if request_time is None:
+            raise S3Error(ErrorCode.AccessDenied, f"Invalid date {raw_date[:40]!r}: expected YYYYMMDD'T'HHMMSS'Z' or an HTTP date (RFC 1123).")
+        amz_date = dates.amz(request_time)
         access_key, date, region, scope = _parse_scope(m["cred"], amz_date, ErrorCode.AuthorizationHeaderMalformed)
         creds = self._credentials(access_key)
-        request_time = parse_amz_date(amz_date)
         if abs(self._clock() - request_time) > self.max_skew_s:
             raise S3Error(
                 ErrorCode.RequestTimeTooSkewed,
@@ -246,7 +250,8 @@ class RequestVerifier:
         except ValueError:
             raise S3Error(ErrorCode.AuthorizationQueryParametersError, "X-Amz-Expires should be a number") from None
         if not 0 <= expires <= MAX_PRESIGN_EXPIRES:
-            raise S3Error(ErrorCode.AuthorizationQueryParametersError, "X-Amz-Expires must be between 0 and 604800 seconds")
+            # 403, as S3 and Ceph RGW answer: a URL that can never be valid is refused like an expired one.
+            raise S3Error(ErrorCode.AccessDenied, f"X-Amz-Expires must be between 0 and {MAX_PRESIGN_EXPIRES} seconds", extra={"X-Amz-Expires": str(expires)})
         request_time = parse_amz_date(amz_date)
         now = self._clock()
         if now > request_time + expires:

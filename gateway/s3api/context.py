@@ -24,19 +24,39 @@ from .access import may_read
 
 T = TypeVar("T")
 MAX_KEY_BYTES = 1024
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_CHARS = re.compile(r"^[a-z0-9.-]*$")
 _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+RESERVED_PREFIXES = ("xn--", "sthree-")
+RESERVED_SUFFIXES = ("-s3alias", "--ol-s3")
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why ``name`` breaks S3's bucket naming rules (the first rule it breaks), or None if it keeps them all."""
+    if not 3 <= len(name) <= 63:
+        return f"it is {len(name)} characters long; a bucket name must be 3 to 63 characters long"
+    if not _BUCKET_CHARS.match(name):
+        bad = sorted({c for c in name if not ("a" <= c <= "z" or "0" <= c <= "9" or c in ".-")})
+        return f"it contains {' '.join(repr(c) for c in bad)}; only lowercase letters a-z, digits 0-9, '.' and '-' are allowed"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "it must begin and end with a lowercase letter or a digit"
+    if ".." in name:
+        return "it must not contain two adjacent periods ('..')"
+    if _IPV4_RE.match(name):
+        return "it must not be formatted as an IP address"
+    for prefix in RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            return f"the prefix {prefix!r} is reserved"
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            return f"the suffix {suffix!r} is reserved"
+    return None
 
 
 def validate_bucket_name(name: str) -> None:
-    if (
-        not _BUCKET_RE.match(name)
-        or ".." in name
-        or _IPV4_RE.match(name)
-        or name.startswith(("xn--", "sthree-"))
-        or name.endswith(("-s3alias", "--ol-s3"))
-    ):
-        raise S3Error(ErrorCode.InvalidBucketName, resource=f"/{name}", extra={"BucketName": name})
+    problem = bucket_name_problem(name)
+    if problem is not None:
+        raise S3Error(ErrorCode.InvalidBucketName, f"The specified bucket is not valid: {problem}.", resource=f"/{name}",
+                      extra={"BucketName": name})
 
 
 class Level(StrEnum):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from email.header import decode_header, make_header
 from email.utils import parsedate_to_datetime
 
 from multidict import CIMultiDictProxy
@@ -24,24 +23,14 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
 def _decode_meta_value(v: str) -> str:
-    """Header bytes arrive as UTF-8 (with surrogate escapes); RFC 2047 words are decoded as S3 does."""
+    """A metadata value as the client sent it: header bytes arrive as UTF-8 (with surrogate escapes), and
+    bytes that are not UTF-8 are read as Latin-1. RFC 2047 encoded-words are kept as words, so a value
+    comes back in the form it was sent in: raw UTF-8 as raw UTF-8, an encoded-word as that word."""
+    raw = v.encode("utf-8", "surrogateescape")
     try:
-        v = v.encode("utf-8", "surrogateescape").decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        v = v.encode("utf-8", "surrogateescape").decode("latin-1")
-    if "=?" in v:
-        try:
-            v = str(make_header(decode_header(v)))
-        except (ValueError, LookupError, binascii.Error):
-            pass
-    return v
-
-
-def _encode_meta_value(v: str) -> str:
-    """Non-ASCII values go back RFC 2047 encoded (mail-safe), as S3 returns them."""
-    if v.isascii():
-        return v
-    return f"=?UTF-8?B?{base64.b64encode(v.encode()).decode()}?="
+        return raw.decode("latin-1")
 
 
 def user_metadata(headers: CIMultiDictProxy[str]) -> dict[str, str]:
@@ -58,11 +47,20 @@ def system_headers(headers: CIMultiDictProxy[str]) -> dict[str, str]:
         if v is None:
             continue
         if name == "Content-Encoding":
-            v = ",".join(p.strip() for p in v.split(",") if p.strip() and p.strip() != "aws-chunked")
+            v = _without_aws_chunked(v)
             if not v:
                 continue
         out[name] = v
     return out
+
+
+def _without_aws_chunked(value: str) -> str:
+    """Content-Encoding as sent, less the ``aws-chunked`` transfer coding (which describes this request's
+    framing, not the object); everything else keeps its spelling and spacing (``deflate, gzip``)."""
+    codings = value.split(",")
+    if not any(c.strip().lower() == "aws-chunked" for c in codings):
+        return value
+    return ",".join(c for c in codings if c.strip().lower() != "aws-chunked").strip()
 
 
 def content_md5(headers: CIMultiDictProxy[str]) -> bytes | None:
@@ -210,12 +208,18 @@ def check_conditions(headers: CIMultiDictProxy[str], meta: ObjectMeta, prefix: s
             raise S3Error(ErrorCode.PreconditionFailed, extra={"Condition": prefix + "If-Match"})
     elif if_unmod is not None and mtime > if_unmod:
         raise S3Error(ErrorCode.PreconditionFailed, extra={"Condition": prefix + "If-Unmodified-Since"})
-    not_modified = ErrorCode.PreconditionFailed if copy_source else ErrorCode.NotModified
     if if_none is not None:
         if _etag_matches(if_none, meta.etag):
-            raise S3Error(not_modified, extra={"Condition": prefix + "If-None-Match"} if copy_source else {})
+            raise _not_modified(meta, prefix + "If-None-Match", copy_source)
     elif if_mod is not None and mtime <= if_mod:
-        raise S3Error(not_modified, extra={"Condition": prefix + "If-Modified-Since"} if copy_source else {})
+        raise _not_modified(meta, prefix + "If-Modified-Since", copy_source)
+
+
+def _not_modified(meta: ObjectMeta, condition: str, copy_source: bool) -> S3Error:
+    """A copy condition fails with 412; a GET/HEAD answers 304 with the validators a cache revalidates with."""
+    if copy_source:
+        return S3Error(ErrorCode.PreconditionFailed, extra={"Condition": condition})
+    return S3Error(ErrorCode.NotModified, headers={"ETag": meta.etag, "Last-Modified": http_date(meta.last_modified)})
 
 
 def object_headers(meta: ObjectMeta, with_checksums: bool) -> dict[str, str]:
@@ -227,7 +231,7 @@ def object_headers(meta: ObjectMeta, with_checksums: bool) -> dict[str, str]:
     }
     h.update(meta.system_headers)
     for k, v in meta.user_metadata.items():
-        h[f"x-amz-meta-{k}"] = _encode_meta_value(v)
+        h[f"x-amz-meta-{k}"] = v  # sent as UTF-8 bytes, exactly as they arrived
     if with_checksums:
         for alg, v in meta.checksums.items():
             h[f"x-amz-checksum-{alg.lower()}"] = v

@@ -75,7 +75,8 @@ class Route:
         return all(name in query if value is None else query.get(name) == value for name, value in self._conditions)
 
 
-# Sub-resources S3 defines that this gateway does not implement (answered 501, not misrouted).
+# Sub-resources S3 defines that this gateway does not implement (answered 501, not misrouted). One that a
+# row names (``versioning``: GetBucketVersioning) is served by that row only, and 501 everywhere else.
 UNSUPPORTED_SUBRESOURCES = frozenset(
     "accelerate analytics cors encryption intelligent-tiering inventory legal-hold lifecycle logging metrics "
     "notification object-lock ownershipControls policy policyStatus publicAccessBlock replication requestPayment "
@@ -97,6 +98,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", Level.OBJECT, "GetObjectAcl", acl.get_object_acl, query=("acl",)),
     Route("PUT", Level.OBJECT, "PutObjectAcl", acl.put_object_acl, query=("acl",)),
     Route("GET", Level.BUCKET, "GetBucketLocation", buckets.get_bucket_location, query=("location",)),
+    Route("GET", Level.BUCKET, "GetBucketVersioning", buckets.get_bucket_versioning, query=("versioning",)),
+    Route("PUT", Level.BUCKET, "PutBucketVersioning", buckets.put_bucket_versioning, query=("versioning",)),
     Route("GET", Level.BUCKET, "ListMultipartUploads", multipart.list_multipart_uploads, query=("uploads",)),
     Route("GET", Level.BUCKET, "ListObjectVersions", listing.list_object_versions, query=("versions",)),
     Route("GET", Level.BUCKET, "ListObjectsV2", listing.list_objects_v2, query=("list-type=2",)),
@@ -129,11 +132,12 @@ class Router:
             self._candidates.setdefault((r.method, r.level), []).append(r)
         # Query names that select an operation: a request may carry at most one of them.
         self.selectors = frozenset(name for r in self.routes for name, _ in r._conditions)
+        self._served = frozenset((r.method, r.level, name) for r in self.routes for name, _ in r._conditions)
 
     def match(self, method: str, level: Level, query: Mapping[str, str], headers: Container[str]) -> Route:
         """The route for a request; a pure function of its arguments (``headers`` needs only ``in``)."""
         for sub in query:
-            if sub in UNSUPPORTED_SUBRESOURCES:
+            if sub in UNSUPPORTED_SUBRESOURCES and (method, level, sub) not in self._served:
                 raise S3Error(ErrorCode.NotImplemented, f"The {sub!r} sub-resource is not implemented by ObjectCache.")
         chosen = sorted(self.selectors.intersection(query))
         if len(chosen) > 1:

@@ -53,17 +53,23 @@ def _fill(parent: ET.Element, children: list[Node]) -> None:
             el.text = _NOT_XML.sub("\ufffd", str(value))  # never emit a document that is not well-formed
 
 
+def _serialise(el: ET.Element) -> bytes:
+    # A raw CR in text would reach the client as LF (XML end-of-line normalisation): send it as a reference,
+    # so keys and echoed parameters come back exactly as sent. ElementTree already escapes CR in attributes.
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(el, encoding="utf-8").replace(b"\r", b"&#13;")
+
+
 def document(root: str, children: list[Node], namespace: bool = True) -> bytes:
     """Serialise ``(tag, value)`` trees; ``None`` values are omitted."""
     el = ET.Element(root, {"xmlns": S3_NS} if namespace else {})
     _fill(el, children)
-    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(el, encoding="utf-8")
+    return _serialise(el)
 
 
 def text_document(root: str, text: str) -> bytes:
     el = ET.Element(root, {"xmlns": S3_NS})
     el.text = text or None
-    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(el, encoding="utf-8")
+    return _serialise(el)
 
 
 def error_document(err: S3Error, request_id: str) -> bytes:

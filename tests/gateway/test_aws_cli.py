@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import filecmp
 import hashlib
 import json
@@ -140,3 +141,23 @@ def test_cli_error_is_clear(aws, cli_bucket):
     assert r.returncode != 0 and b"404" in r.stderr
     r = aws("s3api", "get-object", "--bucket", cli_bucket, "--key", "absent", "/dev/null", check=False)
     assert b"NoSuchKey" in r.stderr
+
+
+def test_s3api_bucket_versioning_and_recreating_a_bucket(aws, cli_bucket):
+    """get-bucket-versioning of a bucket never versioned prints no Status; put-bucket-versioning says it is
+    not supported; create-bucket on your own us-east-1 bucket succeeds, as on S3."""
+    assert "Status" not in api(aws, "get-bucket-versioning", "--bucket", cli_bucket)
+    r = aws("s3api", "put-bucket-versioning", "--bucket", cli_bucket, "--versioning-configuration", "Status=Enabled", check=False)
+    assert r.returncode != 0 and b"NotImplemented" in r.stderr and b"versioning is not supported" in r.stderr
+    aws("s3api", "create-bucket", "--bucket", cli_bucket)
+    assert aws("s3", "ls", f"s3://{cli_bucket}").returncode == 0
+
+
+def test_s3api_put_object_with_a_wrong_checksum_is_bad_digest(aws, s3, cli_bucket, tmp_path):
+    body = tmp_path / "body"
+    body.write_bytes(b"checked bytes")
+    wrong = base64.b64encode(b"\x5a" * 32).decode()
+    r = aws("s3api", "put-object", "--bucket", cli_bucket, "--key", "k", "--body", str(body),
+            "--checksum-algorithm", "SHA256", "--checksum-sha256", wrong, check=False)
+    assert r.returncode != 0 and b"BadDigest" in r.stderr
+    assert "Contents" not in s3.list_objects_v2(Bucket=cli_bucket)

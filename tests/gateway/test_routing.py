@@ -24,6 +24,8 @@ OPERATIONS = [
     ("HEAD", B, {}, {}, "HeadBucket"),
     ("DELETE", B, {}, {}, "DeleteBucket"),
     ("GET", B, {"location": ""}, {}, "GetBucketLocation"),
+    ("GET", B, {"versioning": ""}, {}, "GetBucketVersioning"),
+    ("PUT", B, {"versioning": ""}, {}, "PutBucketVersioning"),  # answers 501 itself, naming versioning
     ("GET", B, {}, {}, "ListObjects"),
     ("GET", B, {"list-type": "2"}, {}, "ListObjectsV2"),
     ("GET", B, {"versions": ""}, {}, "ListObjectVersions"),
@@ -116,11 +118,20 @@ def test_unserved_shapes_are_refused(method, level, query, code):
     assert e.value.code is code
 
 
-@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES))
+@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES - {"versioning"}))
 def test_unsupported_subresource_is_named(sub):
     with pytest.raises(S3Error) as e:
         ROUTER.match("GET", B, {"prefix": "", sub: ""}, CIMultiDict())
     assert e.value.code is ErrorCode.NotImplemented and repr(sub) in e.value.message
+
+
+@pytest.mark.parametrize("method,level", [("DELETE", B), ("HEAD", B), ("POST", B), ("GET", O), ("PUT", O), ("DELETE", O), ("GET", S)])
+def test_versioning_is_served_only_at_get_and_put_bucket(method, level):
+    """GetBucketVersioning and PutBucketVersioning serve ?versioning; anywhere else it is 501, never a fallback row
+    (DELETE /bucket?versioning must not delete the bucket)."""
+    with pytest.raises(S3Error) as e:
+        ROUTER.match(method, level, {"versioning": ""}, CIMultiDict())
+    assert e.value.code is ErrorCode.NotImplemented and "'versioning'" in e.value.message
 
 
 @pytest.mark.parametrize("path,host,level,bucket,key", [

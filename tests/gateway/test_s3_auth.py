@@ -10,10 +10,15 @@ import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
 import zlib
+from email.utils import formatdate
+from urllib.parse import urlsplit
 
+import botocore.auth
 import pytest
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-from rawhttp import chunk_signature, send, sign, signed, signing_key
+from rawhttp import chunk_signature, presign, send, sign, sign_v2, signed, signing_key
 from support import TenantKeys, boto_client
 
 
@@ -87,6 +92,49 @@ def test_presigned_url_expires(s3, presigner, bucket):
         urllib.request.urlopen(url)
     body = e.value.read()
     assert e.value.code == 403 and code_of(body) == "AccessDenied" and b"expired" in body
+
+
+@pytest.mark.parametrize("expires_in", [604801, 10**9, -1])
+def test_presigned_v4_validity_outside_0_to_7_days_is_access_denied(server, tenants, s3, bucket, expires_in):
+    """A SigV4 URL valid for more than 604800 s, or for a negative time, can never be used: 403 AccessDenied."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    for method in ("GET", "PUT"):
+        url = presign(tenants["alice"], method, f"{server.endpoint}/{bucket}/k", expires_in)
+        assert f"X-Amz-Expires={expires_in}&" in url
+        r = _send_url(server, method, url, b"" if method == "GET" else b"new")
+        assert r.status == 403 and code_of(r.body) == "AccessDenied", r.body
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"x"
+
+
+def _send_url(server, method: str, url: str, body: bytes = b""):
+    u = urlsplit(url)
+    headers = {"Host": u.netloc, **({"Content-Length": str(len(body))} if method == "PUT" else {})}
+    return send(server.endpoint, method, f"{u.path}?{u.query}", headers, body)
+
+
+@pytest.mark.parametrize("signature_version", ["s3", "s3v4"], ids=["sigv2", "sigv4"])
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+def test_expired_presigned_url_is_access_denied(server, tenants, s3, bucket, signature_version, method):
+    s3.put_object(Bucket=bucket, Key="k", Body=b"original")
+    url = presign(tenants["alice"], method, f"{server.endpoint}/{bucket}/k", 3600, signature_version, signed_at=time.time() - 7200)
+    r = _send_url(server, method, url, b"" if method == "GET" else b"replaced")
+    assert r.status == 403 and code_of(r.body) == "AccessDenied" and b"expired" in r.body
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"original"
+
+
+@pytest.mark.parametrize("signature_version", ["s3", "s3v4"], ids=["sigv2", "sigv4"])
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+@pytest.mark.parametrize("signed_ago,expires_in", [(0, 604800), (3600, 7200), (6 * 86400, 604800)],
+                         ids=["seven-days", "signed-an-hour-ago", "signed-six-days-ago"])
+def test_presigned_url_works_throughout_its_validity(server, tenants, s3, bucket, signature_version, method, signed_ago, expires_in):
+    """However long ago it was signed (beyond the clock-skew window too), a URL inside its validity works."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"original")
+    url = presign(tenants["alice"], method, f"{server.endpoint}/{bucket}/k", expires_in, signature_version, signed_at=time.time() - signed_ago)
+    r = _send_url(server, method, url, b"" if method == "GET" else b"replaced")
+    assert r.status == 200, r.body
+    if method == "GET":
+        assert r.body == b"original"
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == (b"original" if method == "GET" else b"replaced")
 
 
 def test_presigned_url_tampered(s3, presigner, bucket):
@@ -220,3 +268,78 @@ def test_presigned_listing_works_with_either_signature_version(s3, presigner, bu
         url = presigner.generate_presigned_url(op, Params={"Bucket": bucket}, ExpiresIn=60)
         with urllib.request.urlopen(url) as resp:
             assert resp.status == 200 and b"<Key>listed</Key>" in resp.read()
+
+
+# --- request dates: X-Amz-Date, Date, or both -----------------------------------
+
+
+def _put_and_read_back(server, s3, bucket, headers, key="dated"):
+    r = send(server.endpoint, "PUT", f"/{bucket}/{key}", headers, b"dated body")
+    assert r.status == 200, r.body
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"dated body"
+
+
+@pytest.mark.parametrize("date_too", [None, "rfc1123", "iso8601"], ids=["x-amz-date-alone", "with-rfc1123-date", "with-iso8601-date"])
+def test_sigv4_accepts_x_amz_date_alone_or_beside_a_date_header(server, tenants, s3, bucket, date_too):
+    """X-Amz-Date is the request time; a signed Date header beside it, in either form, changes nothing."""
+    h = sign(tenants["alice"], "PUT", f"{server.endpoint}/{bucket}/dated", {"Content-Length": "10"}, b"dated body", date_too=date_too)
+    assert "X-Amz-Date" in h and ("Date" in h) == (date_too is not None)
+    assert "date;" in h["Authorization"] or date_too is None
+    _put_and_read_back(server, s3, bucket, h)
+
+
+def test_sigv4_with_an_unsigned_date_header_beside_x_amz_date(server, tenants, s3, bucket):
+    h = sign(tenants["alice"], "PUT", f"{server.endpoint}/{bucket}/dated", {"Content-Length": "10"}, b"dated body")
+    h["Date"] = "Mon, 01 Jan 2001 00:00:00 GMT"  # not signed, and far from now: X-Amz-Date decides
+    _put_and_read_back(server, s3, bucket, h)
+
+
+def test_sigv4_with_date_header_instead_of_x_amz_date(server, tenants, s3, bucket):
+    """botocore's SigV4 signer, given a Date header, signs with Date (RFC 1123) and sends no X-Amz-Date."""
+    h = sign(tenants["alice"], "PUT", f"{server.endpoint}/{bucket}/dated", {"Content-Length": "10", "Date": "x"}, b"dated body")
+    assert "X-Amz-Date" not in h and h["Date"].endswith(("GMT", "-0000"))
+    _put_and_read_back(server, s3, bucket, h)
+
+
+def _v2_headers(**dates: str) -> dict[str, str]:
+    return {"Content-Length": "10", "Content-Type": "text/plain", "Host": "127.0.0.1", **dates}
+
+
+def _rfc1123() -> str:
+    return formatdate(usegmt=True)
+
+
+def _iso8601() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+@pytest.mark.parametrize("dates,date_line", [
+    (lambda: {"Date": _rfc1123()}, "Date"),
+    (lambda: {"x-amz-date": _rfc1123()}, ""),
+    (lambda: {"x-amz-date": _iso8601()}, ""),
+    (lambda: {"Date": _rfc1123(), "x-amz-date": _rfc1123()}, ""),
+    (lambda: {"Date": _rfc1123(), "x-amz-date": _iso8601()}, ""),
+], ids=["date-alone", "x-amz-date-rfc1123", "x-amz-date-iso8601", "both-rfc1123", "both-x-amz-date-iso8601"])
+def test_sigv2_header_auth_with_either_date_header_in_either_form(server, tenants, s3, bucket, dates, date_line):
+    """SigV2: with X-Amz-Date (either form) the string to sign's Date line is empty, as AWS specifies."""
+    h = _v2_headers(**dates())
+    h = sign_v2(tenants["alice"], "PUT", f"/{bucket}/dated", h, h["Date"] if date_line == "Date" else "")
+    _put_and_read_back(server, s3, bucket, h)
+
+
+def test_sigv2_as_botocore_signs_it_with_x_amz_date(server, tenants, s3, bucket):
+    """botocore's HmacV1Auth keeps the Date line even when an x-amz-date header is sent: accepted too."""
+    req = AWSRequest(method="PUT", url=f"{server.endpoint}/{bucket}/dated", data=b"dated body",
+                     headers={"x-amz-date": _rfc1123(), "Content-Type": "text/plain"})
+    botocore.auth.HmacV1Auth(Credentials(tenants["alice"].access_key, tenants["alice"].secret_key)).add_auth(req)
+    h = {**dict(req.headers.items()), "Host": server.endpoint.split("//")[1], "Content-Length": "10"}
+    assert h["Date"] and h["x-amz-date"]
+    _put_and_read_back(server, s3, bucket, h)
+
+
+def test_sigv2_stale_x_amz_date_is_skewed_even_with_a_fresh_date(server, tenants, bucket):
+    """X-Amz-Date is the request time whenever it is present."""
+    stale = formatdate(time.time() - 3600, usegmt=True)
+    h = _v2_headers(Date=_rfc1123(), **{"x-amz-date": stale})
+    r = send(server.endpoint, "PUT", f"/{bucket}/dated", sign_v2(tenants["alice"], "PUT", f"/{bucket}/dated", h, ""), b"dated body")
+    assert r.status == 403 and code_of(r.body) == "RequestTimeTooSkewed"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from urllib.parse import quote
 
 import pytest
 from botocore.exceptions import ClientError
 from rawhttp import signed
 
+NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 KEYS = ["a/1", "a/2", "a/b/3", "b/1", "b--x--1", "b--x--2", "c", "d/e/f", "é/ü", "sp ace/k"]
 
 
@@ -107,7 +109,7 @@ def test_invalid_encoding_type(server, tenants, bucket):
 
 def test_max_keys_zero_and_over_limit(s3, populated):
     r = s3.list_objects_v2(Bucket=populated, MaxKeys=0)
-    assert r["KeyCount"] == 0 and "Contents" not in r
+    assert r["KeyCount"] == 0 and "Contents" not in r and r["IsTruncated"] is False
     r = s3.list_objects_v2(Bucket=populated, MaxKeys=5000)
     assert r["MaxKeys"] == 1000 and r["KeyCount"] == len(KEYS)
 
@@ -129,3 +131,42 @@ def test_listing_missing_bucket(s3):
     with pytest.raises(ClientError) as e:
         s3.list_objects_v2(Bucket="missing-bucket-xyz")
     assert e.value.response["Error"]["Code"] == "NoSuchBucket"
+
+
+@pytest.mark.parametrize("query", ["max-keys=0", "list-type=2&max-keys=0", "max-keys=0&delimiter=%2F", "list-type=2&max-keys=0&prefix=a%2F"])
+def test_max_keys_zero_is_an_empty_page_that_is_not_truncated(server, tenants, s3, populated, query):
+    """max-keys=0 asks for nothing: no keys, no prefixes, IsTruncated false (and no continuation)."""
+    r = signed(server.endpoint, tenants["alice"], "GET", f"/{populated}?{query}")
+    doc = ET.fromstring(r.body)
+    assert r.status == 200
+    assert doc.findtext(f"{NS}IsTruncated") == "false" and doc.findtext(f"{NS}MaxKeys") == "0"
+    assert doc.find(f"{NS}Contents") is None and doc.find(f"{NS}CommonPrefixes") is None
+    assert doc.find(f"{NS}NextMarker") is None and doc.find(f"{NS}NextContinuationToken") is None
+    v1 = s3.list_objects(Bucket=populated, MaxKeys=0)
+    assert v1["IsTruncated"] is False and "Contents" not in v1
+
+
+def test_max_keys_zero_still_needs_the_owners_bucket(s3_bob, populated):
+    with pytest.raises(ClientError) as e:
+        s3_bob.list_objects_v2(Bucket=populated, MaxKeys=0)
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+ECHOED = {"prefix": "line\nbreak\r\tand %0A", "delimiter": "\n", "marker": "a\nb", "start-after": "a\r\nn"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_parameters_are_echoed_exactly_without_encoding_type(server, tenants, s3, bucket, version):
+    """Without encoding-type=url, Prefix, Delimiter, Marker and StartAfter come back exactly as sent
+    (a newline as a newline, a carriage return as a carriage return, a literal '%0A' as itself)."""
+    s3.put_object(Bucket=bucket, Key="line\nbreak\r\tand %0A/k\nx", Body=b"x")
+    names = ["prefix", "delimiter", "marker"] if version == "v1" else ["prefix", "delimiter", "start-after"]
+    query = "&".join(f"{n}={quote(ECHOED[n], safe='')}" for n in names) + ("&list-type=2" if version == "v2" else "")
+    r = signed(server.endpoint, tenants["alice"], "GET", f"/{bucket}?{query}")
+    assert r.status == 200, r.body
+    doc = ET.fromstring(r.body)
+    for name, tag in [("prefix", "Prefix"), ("delimiter", "Delimiter"), ("marker", "Marker"), ("start-after", "StartAfter")]:
+        if name in names:
+            assert doc.findtext(f"{NS}{tag}") == ECHOED[name], tag
+    assert [p.findtext(f"{NS}Prefix") for p in doc.iter(f"{NS}CommonPrefixes")] == ["line\nbreak\r\tand %0A/k\n"]
+    assert doc.find(f"{NS}EncodingType") is None

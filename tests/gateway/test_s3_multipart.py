@@ -7,12 +7,17 @@ import os
 
 import pytest
 from botocore.exceptions import ClientError
+from rawhttp import signed
 
 MiB = 1024 * 1024
 
 
 def code(e) -> str:
     return e.value.response["Error"]["Code"]
+
+
+def status(e) -> int:
+    return e.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def multipart_etag(parts: list[bytes]) -> str:
@@ -51,13 +56,31 @@ def test_get_and_head_by_part_number(s3, bucket):
     assert head["ContentLength"] == 5 * MiB and head["PartsCount"] == 2
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=bucket, Key="p", PartNumber=3)
-    assert code(e) == "InvalidPartNumber"
+    assert code(e) == "InvalidPart" and status(e) == 400  # a part past the last is InvalidPart, not 416
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="p", PartNumber=3)
+    assert status(e) == 400
 
 
 def test_part_number_on_plain_object(s3, bucket):
+    """An object uploaded whole has one part: part 1 is all of it, any other part is 400 InvalidPart."""
     s3.put_object(Bucket=bucket, Key="plain", Body=b"whole")
     got = s3.get_object(Bucket=bucket, Key="plain", PartNumber=1)
     assert got["Body"].read() == b"whole" and got["PartsCount"] == 1
+    for n in (2, 10000):
+        with pytest.raises(ClientError) as e:
+            s3.get_object(Bucket=bucket, Key="plain", PartNumber=n)
+        assert code(e) == "InvalidPart" and status(e) == 400
+        with pytest.raises(ClientError) as e:
+            s3.head_object(Bucket=bucket, Key="plain", PartNumber=n)
+        assert status(e) == 400
+
+
+@pytest.mark.parametrize("number", ["0", "10001", "-1", "one"])
+def test_get_part_number_outside_1_to_10000_is_invalid_argument(server, tenants, s3, bucket, number):
+    s3.put_object(Bucket=bucket, Key="plain", Body=b"whole")
+    r = signed(server.endpoint, tenants["alice"], "GET", f"/{bucket}/plain?partNumber={number}")
+    assert r.status == 400 and b"<Code>InvalidArgument</Code>" in r.body
 
 
 def test_entity_too_small(s3, bucket):

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from botocore.exceptions import ClientError
-from rawhttp import signed
+from rawhttp import sign, signed
 
 
 def code(e: pytest.ExceptionInfo) -> str:
@@ -31,7 +31,7 @@ def test_put_get_bytes_identical(s3, bucket):
 
 
 def test_empty_object_and_odd_keys(s3, bucket):
-    keys = ["empty", "a/b/c", "sp ace", "plus+sign", "ünïcødé/ключ", "q?mark", "hash#tag", "pct%20", "trailing/"]
+    keys = ["empty", "a/b/c", "sp ace", "plus+sign", "ünïcødé/ключ", "q?mark", "hash#tag", "pct%20", "trailing/", "new\nline", "cr\rlf"]
     for k in keys:
         s3.put_object(Bucket=bucket, Key=k, Body=k.encode())
     for k in keys:
@@ -58,20 +58,66 @@ def test_metadata_and_system_headers_round_trip(s3, bucket):
     assert head["Expires"] == expires
 
 
-def test_non_ascii_metadata_comes_back_rfc2047_encoded(server, tenants, s3, bucket):
-    """Like S3: non-ASCII values (RFC 2047 words or raw UTF-8 header bytes) are stored
-    decoded and returned as RFC 2047 encoded-words, which boto3 accepts."""
+def test_non_ascii_metadata_comes_back_as_it_was_sent(server, tenants, s3, bucket):
+    """Raw UTF-8 header bytes come back as the same raw bytes; an RFC 2047 encoded-word comes back as
+    that word (encoded-words are used only where the client used them)."""
     from email.header import decode_header, make_header
 
     value = "größe ✓ 日本"
     word = "=?UTF-8?B?" + base64.b64encode(value.encode()).decode() + "?="
     s3.put_object(Bucket=bucket, Key="rfc2047", Body=b"x", Metadata={"label": word})
+    returned = s3.head_object(Bucket=bucket, Key="rfc2047")["Metadata"]["label"]
+    assert returned == word and str(make_header(decode_header(returned))) == value
     r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/raw-utf8", headers={"x-amz-meta-label": value}, body=b"x")
     assert r.status == 200, r.body
-    for key in ("rfc2047", "raw-utf8"):
-        returned = s3.head_object(Bucket=bucket, Key=key)["Metadata"]["label"]
-        assert returned == word
-        assert str(make_header(decode_header(returned))) == value
+    for method in ("HEAD", "GET"):
+        r = signed(server.endpoint, tenants["alice"], method, f"/{bucket}/raw-utf8")
+        raw = r.headers["x-amz-meta-label"].encode("latin-1")  # http.client reads header bytes as Latin-1
+        assert r.status == 200 and raw == value.encode()
+
+
+@pytest.mark.parametrize("encoding", ["deflate, gzip", "gzip,deflate", "br", "identity ,  gzip"])
+def test_content_encoding_is_returned_exactly_as_sent(server, tenants, s3, bucket, encoding):
+    s3.put_object(Bucket=bucket, Key="e", Body=b"x", ContentEncoding=encoding)
+    assert s3.head_object(Bucket=bucket, Key="e")["ContentEncoding"] == encoding
+    r = signed(server.endpoint, tenants["alice"], "GET", f"/{bucket}/e")
+    assert r.status == 200 and r.headers["Content-Encoding"] == encoding and r.body == b"x"
+
+
+def test_content_encoding_drops_only_aws_chunked(server, tenants, s3, bucket):
+    """aws-chunked names this request's framing, not the object: stored without it, the rest as sent."""
+    data = b"framed"
+    body = f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n"
+    headers = {"Content-Encoding": "aws-chunked, deflate, gzip", "x-amz-decoded-content-length": str(len(data)),
+               "Content-Length": str(len(body))}
+    r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/e", headers=headers, body=body,
+               payload_hash="STREAMING-UNSIGNED-PAYLOAD-TRAILER")
+    assert r.status == 200, r.body
+    got = s3.get_object(Bucket=bucket, Key="e")
+    assert got["Body"].read() == data and got["ContentEncoding"] == "deflate, gzip"
+
+
+@pytest.mark.parametrize("expect", ["200", "", "100-continue-please", "something"])
+def test_put_with_an_unknown_expect_value_proceeds(server, tenants, s3, bucket, expect):
+    """S3 ignores Expect values other than 100-continue on PUT: no 417, the object is stored."""
+    r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/x", headers={"Expect": expect}, body=b"expected")
+    assert r.status == 200, r.body
+    assert s3.get_object(Bucket=bucket, Key="x")["Body"].read() == b"expected"
+
+
+def test_expect_100_continue_in_any_case_gets_the_interim_response(server, tenants, s3, bucket):
+    """The client waits for 100 Continue before sending its body (http.client cannot, so read the wire)."""
+    import socket
+
+    h = sign(tenants["alice"], "PUT", f"{server.endpoint}/{bucket}/c", {"Expect": "100-Continue", "Content-Length": "4"}, b"body")
+    h["Host"] = server.endpoint.split("//")[1]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        head = f"PUT /{bucket}/c HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+        sock.sendall(head.encode())
+        assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b"body")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    assert s3.get_object(Bucket=bucket, Key="c")["Body"].read() == b"body"
 
 
 def test_default_content_type(s3, bucket):
@@ -114,6 +160,36 @@ def test_wrong_checksum_is_bad_digest(s3, bucket):
         s3.head_object(Bucket=bucket, Key="c")
 
 
+DIGEST_BYTES = {"CRC32": 4, "CRC32C": 4, "CRC64NVME": 8, "SHA1": 20, "SHA256": 32}
+
+
+def wrong_checksum(algorithm: str) -> str:
+    """A well-formed value for ``algorithm`` (base64 of a digest of the right length) that matches no body here."""
+    return base64.b64encode(b"\x5a" * DIGEST_BYTES[algorithm]).decode()
+
+
+@pytest.mark.parametrize("algorithm", sorted(DIGEST_BYTES))
+def test_wrong_checksum_of_any_algorithm_is_bad_digest(server, tenants, s3, bucket, algorithm):
+    """PutObject and UploadPart with a checksum that does not match the body: 400 BadDigest, nothing stored."""
+    value = {f"Checksum{algorithm}": wrong_checksum(algorithm)}
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="c", Body=b"data", ChecksumAlgorithm=algorithm, **value)
+    assert code(e) == "BadDigest" and status(e) == 400
+    header = {f"x-amz-checksum-{algorithm.lower()}": wrong_checksum(algorithm)}
+    r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/c", headers=header, body=b"data")
+    assert r.status == 400 and b"<Code>BadDigest</Code>" in r.body
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="c")
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="m", ChecksumAlgorithm=algorithm)["UploadId"]
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="m", UploadId=uid, PartNumber=1, Body=b"data", ChecksumAlgorithm=algorithm, **value)
+    assert code(e) == "BadDigest" and status(e) == 400
+    r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/m?partNumber=1&uploadId={uid}", headers=header, body=b"data")
+    assert r.status == 400 and b"<Code>BadDigest</Code>" in r.body
+    assert "Parts" not in s3.list_parts(Bucket=bucket, Key="m", UploadId=uid)
+    s3.abort_multipart_upload(Bucket=bucket, Key="m", UploadId=uid)
+
+
 @pytest.mark.parametrize("rng,expected", [("bytes=0-4", b"01234"), ("bytes=5-", b"56789"), ("bytes=-3", b"789"), ("bytes=8-100", b"89")])
 def test_single_ranges(s3, bucket, rng, expected):
     s3.put_object(Bucket=bucket, Key="r", Body=b"0123456789")
@@ -153,6 +229,18 @@ def test_conditional_get(s3, bucket):
     with pytest.raises(ClientError) as e:
         s3.head_object(Bucket=bucket, Key="c", IfNoneMatch=etag)
     assert status(e) == 304
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_not_modified_carries_etag_and_last_modified(server, tenants, s3, bucket, method):
+    """A 304 names the representation the client already has: its ETag and Last-Modified, and no body."""
+    etag = s3.put_object(Bucket=bucket, Key="c", Body=b"v1")["ETag"]
+    last_modified = s3.head_object(Bucket=bucket, Key="c")["ResponseMetadata"]["HTTPHeaders"]["last-modified"]
+    for condition in ({"If-None-Match": etag}, {"If-Modified-Since": last_modified}):
+        r = signed(server.endpoint, tenants["alice"], method, f"/{bucket}/c", headers=condition)
+        assert r.status == 304 and r.body == b""
+        assert r.headers["ETag"] == etag and r.headers["Last-Modified"] == last_modified
+        assert r.headers["x-amz-request-id"]
 
 
 def test_response_header_overrides(s3, bucket):

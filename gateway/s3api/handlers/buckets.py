@@ -1,4 +1,5 @@
-"""Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket, GetBucketLocation."""
+"""Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket, GetBucketLocation,
+GetBucketVersioning and PutBucketVersioning (buckets are never versioned)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..context import S3Request, validate_bucket_name
 from .common import decode_token, empty, encode_token, xml_response
 
 MAX_BUCKETS = 10000
+LEGACY_REGION = "us-east-1"  # S3's first region: its buckets report an empty LocationConstraint, and re-creating one is not an error
 
 
 def _owner(req: S3Request) -> list[xml.Node]:
@@ -50,7 +52,12 @@ async def create_bucket(req: S3Request) -> web.Response:
                 f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}.",
                 resource=req.resource,
             )
-    await req.store.create_bucket(req.bucket, req.tenant, region, canned_acl(req.headers))
+    try:
+        await req.store.create_bucket(req.bucket, req.tenant, region, canned_acl(req.headers))
+    except S3Error as e:
+        # S3's legacy us-east-1 behaviour: re-creating a bucket you own there succeeds (and changes nothing).
+        if e.code is not ErrorCode.BucketAlreadyOwnedByYou or region != LEGACY_REGION:
+            raise
     return empty(headers={"Location": f"/{req.bucket}"})
 
 
@@ -67,5 +74,18 @@ async def delete_bucket(req: S3Request) -> web.Response:
 
 async def get_bucket_location(req: S3Request) -> web.Response:
     info = await req.owned_bucket()
-    # us-east-1 is reported as an empty constraint, as S3 does.
-    return web.Response(body=xml.text_document("LocationConstraint", "" if info.region == "us-east-1" else info.region), content_type="application/xml")
+    return web.Response(body=xml.text_document("LocationConstraint", "" if info.region == LEGACY_REGION else info.region),
+                        content_type="application/xml")
+
+
+async def get_bucket_versioning(req: S3Request) -> web.Response:
+    """An empty configuration: the bucket has never been versioned (what S3 answers for such a bucket;
+    s3fs and rclone ask before deleting a bucket's objects)."""
+    await req.owned_bucket()
+    return xml_response("VersioningConfiguration", [])
+
+
+async def put_bucket_versioning(req: S3Request) -> web.Response:
+    await req.owned_bucket()
+    raise S3Error(ErrorCode.NotImplemented, "Bucket versioning is not supported by ObjectCache: buckets are always unversioned.",
+                  resource=req.resource)

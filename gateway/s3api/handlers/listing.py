@@ -30,6 +30,8 @@ async def _page(req: S3Request, after: str) -> tuple[ListPage, int, str, str]:
     if "encoding-type" not in req.query:  # echoed raw: they must be text XML can carry
         for name, value in (("prefix", prefix), ("delimiter", delimiter), ("marker", after)):
             xml.check_text(name, value)
+    if limit == 0:  # S3 answers max-keys=0 with an empty page that is not truncated, whatever the bucket holds
+        return ListPage([], [], False, None), limit, prefix, delimiter
     page = await req.store.list_objects(req.bucket, prefix, delimiter, after, limit)
     return page, limit, prefix, delimiter
 

@@ -13,10 +13,8 @@ from storage_server.store import ByteRange, ObjectMeta, UploadInfo
 from .. import headers as h
 from .. import xml
 from ..context import S3Request
-from .common import empty, xml_response
+from .common import empty, part_number, xml_response
 from .objects import checksum_response_headers, copy_source_meta
-
-MAX_PART_NUMBER = 10000
 
 
 def _owner(tenant: str) -> list[xml.Node]:
@@ -26,13 +24,6 @@ def _owner(tenant: str) -> list[xml.Node]:
 async def _upload(req: S3Request) -> UploadInfo:
     await req.owned_bucket()
     return await req.store.get_upload(req.bucket, req.key_checked(), req.query["uploadId"])
-
-
-def _part_number(req: S3Request) -> int:
-    raw = req.query.get("partNumber", "")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PART_NUMBER:
-        raise S3Error(ErrorCode.InvalidArgument, f"Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive", extra={"ArgumentName": "partNumber", "ArgumentValue": raw})
-    return int(raw)
 
 
 async def create_multipart_upload(req: S3Request) -> web.Response:
@@ -46,7 +37,7 @@ async def create_multipart_upload(req: S3Request) -> web.Response:
 
 
 async def upload_part(req: S3Request) -> web.Response:
-    number = _part_number(req)
+    number = part_number(req.query.get("partNumber", ""))
     upload = await _upload(req)
     spec, trailer = h.put_spec(req.headers, req.expected_length())
     if trailer:
@@ -57,7 +48,7 @@ async def upload_part(req: S3Request) -> web.Response:
 
 
 async def upload_part_copy(req: S3Request) -> web.Response:
-    number = _part_number(req)
+    number = part_number(req.query.get("partNumber", ""))
     upload = await _upload(req)
     src = await copy_source_meta(req)
     rng = None

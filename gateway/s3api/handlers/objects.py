@@ -14,7 +14,7 @@ from .. import headers as h
 from .. import xml
 from ..access import canned_acl
 from ..context import MAX_KEY_BYTES, S3Request
-from .common import empty, xml_response
+from .common import empty, part_number, xml_response
 
 MAX_DELETE_KEYS = 1000
 GET_PREFETCH = 64 * 1024  # objects up to this size are answered from the metadata call's read
@@ -37,9 +37,11 @@ async def put_object(req: S3Request) -> web.Response:
 
 
 def _part_range(meta: ObjectMeta, part_number: int) -> ByteRange:
+    """The bytes of part ``part_number`` (an object uploaded whole is its one part); 400 InvalidPart past the last."""
     sizes = meta.part_sizes or (meta.size,)
-    if not 1 <= part_number <= len(sizes):
-        raise S3Error(ErrorCode.InvalidPartNumber, extra={"PartNumberRequested": str(part_number), "ActualPartCount": str(len(sizes))})
+    if part_number > len(sizes):
+        raise S3Error(ErrorCode.InvalidPart, f"The object has {len(sizes)} part(s); part {part_number} does not exist.",
+                      extra={"PartNumber": str(part_number), "PartsCount": str(len(sizes))})
     start = sum(sizes[: part_number - 1])
     return ByteRange(start, start + sizes[part_number - 1])
 
@@ -50,11 +52,7 @@ def _response_plan(req: S3Request, meta: ObjectMeta) -> tuple[ByteRange | None, 
     headers = h.object_headers(meta, req.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED")
     part = req.query.get("partNumber")
     if part is not None:
-        try:
-            n = int(part)
-        except ValueError:
-            raise S3Error(ErrorCode.InvalidArgument, "Part number must be an integer between 1 and 10000, inclusive", extra={"ArgumentName": "partNumber"}) from None
-        part_rng = _part_range(meta, n)
+        part_rng = _part_range(meta, part_number(part))
         # Part 1 of an object uploaded whole is all of it: a plain 200, not a 206.
         rng = None if not meta.part_sizes and meta.size == part_rng.length else part_rng
         headers["x-amz-mp-parts-count"] = str(len(meta.part_sizes) or 1)
