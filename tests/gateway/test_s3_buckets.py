@@ -195,7 +195,7 @@ def test_put_bucket_versioning_is_not_implemented(s3, bucket, status):
 
 def test_other_unsupported_sub_resources_stay_501(server, tenants, s3, bucket):
     with pytest.raises(ClientError) as e:
-        s3.get_bucket_acl(Bucket=bucket)
+        s3.get_bucket_cors(Bucket=bucket)
     assert error_code(e) == "NotImplemented"
     r = signed(server.endpoint, tenants["alice"], "DELETE", f"/{bucket}?versioning")  # not DeleteBucket
     assert r.status == 501 and b"<Code>NotImplemented</Code>" in r.body
