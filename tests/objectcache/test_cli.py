@@ -114,3 +114,11 @@ def test_a_busy_port_is_one_line_naming_it_and_a_failed_exit(tmp_path, command):
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith(f"objectcache: port {port} is already in use ("), r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_the_deploy_example_with_its_placeholder_keys_does_not_start(command):
+    r = run_cli(command, "--config", str(REPO / "deploy" / "objectcache.example.toml"))
+    assert r.returncode == 2
+    assert "objectcache: configuration error: tenants: tenant 'serving': access_key is the placeholder" in r.stderr
+    assert "Traceback" not in r.stderr
