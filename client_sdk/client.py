@@ -32,7 +32,7 @@ from botocore.credentials import Credentials
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest
+from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
@@ -174,10 +174,14 @@ class ObjectCacheClient:
     they raise ``ObjectCacheError`` (``ServiceUnavailable``) saying what failed.
     A stream that breaks after it began is never retried silently. Every
     failure is an ``ObjectCacheError``, never a raw aiohttp exception.
+
+    ``shm_prefault_bytes`` (0: off) runs :meth:`warm_up` for payloads of that
+    size when the client opens, so the first shm fetch finds its region ready.
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
-                 max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1) -> None:
+                 max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
+                 shm_prefault_bytes: int = 0) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -185,6 +189,7 @@ class ObjectCacheClient:
         self.region = region
         self.retries = retries
         self.backoff = backoff
+        self.shm_prefault_bytes = shm_prefault_bytes
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -206,6 +211,12 @@ class ObjectCacheClient:
             config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=self._max_connections),
         )
         self.s3 = await self._s3_ctx.__aenter__()
+        if self.shm_prefault_bytes > 0:
+            try:
+                await self.warm_up(self.shm_prefault_bytes)
+            except BaseException:
+                await self.close()
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -282,13 +293,30 @@ class ObjectCacheClient:
 
     async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
         """Ask for a ticket (signed), then hand the memfd over on this host (:mod:`protocol.shm`)."""
-        resp = await self._retrying("kv-register", lambda: self._post("/", KVOp.REGISTER, _json(RegisterRequest(region.size))))
+        # populate only when asked, so a server that predates the field still takes plain registrations.
+        request = {"size": region.size} | ({"populate": True} if region.prefaulted else {})
+        resp = await self._retrying("kv-register", lambda: self._post("/", KVOp.REGISTER, json.dumps(request).encode()))
         ticket = RegisterTicket.from_json(await resp.json())
         assert region.fd is not None
         reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     # -- public API -----------------------------------------------------------------
+    async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
+        """Take the first shm fetch's set-up off its critical path: do it now.
+
+        Creates ``regions`` shared-memory regions (one per fetch you will run at
+        once) that each fit a ``payload_bytes`` payload, registers them with the
+        storage server (the hand-over round trips) and faults in every page, so
+        a later ``fetch``/``fetch_layers`` over shm reuses them with none of that
+        left to do. Needs the storage server on this host, like shm itself.
+        """
+        if payload_bytes <= 0 or regions < 1:
+            raise ValueError("warm_up needs payload_bytes > 0 and regions >= 1")
+        shm = self._destinations[TransportKind.SHM]
+        assert isinstance(shm, ShmDestinations)
+        await shm.warm_up(payload_bytes, regions)
+
     async def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist yet (plain S3, through aiobotocore)."""
         try:

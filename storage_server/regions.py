@@ -43,6 +43,7 @@ class Region:
     view: memoryview = field(init=False)
     in_use: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    populate: bool = False  # the client asked for the mapping to be faulted in at hand-over
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.mm)
@@ -68,6 +69,7 @@ class Ticket:
     tenant: str
     size: int
     expires: float
+    populate: bool = False  # fault in the whole mapping at hand-over (RegisterRequest.populate)
 
 
 def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
@@ -96,7 +98,7 @@ class RegionRegistry:
         del self._regions[region.region_id]
         region.close()
 
-    def offer(self, tenant: str, size: int, now: float | None = None) -> Ticket:
+    def offer(self, tenant: str, size: int, now: float | None = None, populate: bool = False) -> Ticket:
         """Step 1 (signed HTTP): a one-time ticket for handing over ``size`` bytes."""
         if not 1 <= size <= 1 << 46:
             raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is out of range", extra={"ArgumentName": "size"})
@@ -104,7 +106,7 @@ class RegionRegistry:
         self._tickets = {k: t for k, t in self._tickets.items() if t.expires > now}
         if sum(t.tenant == tenant for t in self._tickets.values()) >= MAX_PENDING_PER_TENANT:
             raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {MAX_PENDING_PER_TENANT} registrations pending; complete them first")
-        ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S)
+        ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S, populate)
         self._tickets[ticket.secret] = ticket
         return ticket
 
@@ -122,7 +124,8 @@ class RegionRegistry:
                 mm.close()
                 raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {ticket.tenant!r} has {self.max_per_tenant} registered regions, all in use")
             self._drop(min(idle, key=lambda r: r.last_used))
-        region = Region(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES), ticket.tenant, ticket.size, mm)
+        region = Region(secrets.token_bytes(REGION_ID_BYTES), secrets.token_bytes(TOKEN_BYTES), ticket.tenant, ticket.size, mm,
+                        populate=ticket.populate)
         self._regions[region.region_id] = region
         return region
 
