@@ -8,22 +8,34 @@ ARGS ?=
 NIXL_SPEC ?= nixl==1.5.1 nixl-cu12==1.5.1
 
 BIN := $(VENV)/bin
+# One stamp per install, each done once: the runtime alone (serve), plus the test and bench extras.
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+BENCH_STAMP := $(VENV)/.installed-bench
 AWS_STAMP := $(AWS_VENV)/.installed
 
-.PHONY: serve test bench lint clean venv aws
+.PHONY: serve test bench lint clean venv aws rclone
 
 venv: $(STAMP)
 aws: $(AWS_STAMP)
 
-# (Re)create the environment when it is missing or older than pyproject.toml.
+# (Re)create the environment when it is missing or older than pyproject.toml: the runtime only.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+# The extras go on top of the runtime (a `make serve` first, then `make test`, installs each once).
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	# The rdma transport's NIXL engine (UCX bundled; runs without CUDA). Its metadata demands torch and
 	# every CUDA flavour, so it is installed without dependencies.
 	$(BIN)/python -m pip install -q --no-deps $(NIXL_SPEC)
+	@touch $@
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	@touch $@
 
 $(AWS_STAMP): Makefile
@@ -32,13 +44,25 @@ $(AWS_STAMP): Makefile
 	$(AWS_VENV)/bin/python -m pip install -q '$(AWSCLI_SPEC)'
 	@touch $@
 
+# The rclone tests drive the real binary, from Debian's packages. Without root (or apt-get)
+# this says how to install it and goes on: those tests are then skipped, saying why.
+rclone:
+	@if command -v rclone >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends rclone >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends rclone >/dev/null; } || \
+		echo "make: could not install rclone with apt-get; the rclone tests will be skipped"; \
+	else \
+		echo "make: rclone is not installed; its tests will be skipped. Install it with 'sudo apt-get install rclone' (Debian/Ubuntu) or from rclone's own releases"; \
+	fi
+
 serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
-test: $(STAMP) $(AWS_STAMP)
+test: $(TEST_STAMP) $(AWS_STAMP) rclone
 	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest $(ARGS)
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/objectcache bench $(ARGS)
 
 clean:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import decode_reply
-from protocol.shm import REQUIRED_SEALS
+from protocol.shm import REQUIRED_SEALS, populate
 
 PAGE = mmap.PAGESIZE
 
@@ -29,13 +29,17 @@ PAGE = mmap.PAGESIZE
 class ShmRegion:
     """A sealed memfd of ``size`` bytes, mapped here; ``fd`` is kept until the hand-over (:meth:`handed_over`)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, prefault: bool = False) -> None:
         self.size = max(size, PAGE)
+        # Faulted in here at creation; the storage server is asked to fault in its mapping too.
+        self.prefaulted = prefault
         self.fd: int | None = os.memfd_create("objectcache-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
             self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if prefault:
+                populate(self.mm, self.size)
         except BaseException:
             os.close(self.fd)
             raise
@@ -73,7 +77,14 @@ class RegionPool:
         self._lock = asyncio.Lock()
         self.min_size = min_size
 
-    async def acquire(self, nbytes: int) -> RegisteredRegion:
+    async def acquire(self, nbytes: int, prefault: bool = False) -> RegisteredRegion:
+        """A free registered region of at least ``nbytes``, creating one if none fits.
+
+        ``prefault`` (what :meth:`ObjectCacheClient.warm_up` asks for) creates a new
+        region in a worker thread and faults in all its pages there, and has the
+        storage server do the same with its mapping: off the event loop and off any
+        later fetch's critical path.
+        """
         async with self._lock:
             fits = [r for r in self._regions if not r.busy and r.region.size >= nbytes]
             if fits:
@@ -81,7 +92,7 @@ class RegionPool:
             else:
                 size = max(nbytes, self.min_size)
                 size = -(-size // PAGE) * PAGE
-                region = ShmRegion(size)
+                region = await asyncio.to_thread(ShmRegion, size, True) if prefault else ShmRegion(size)
                 try:
                     region_id, token = await self._register(region)
                 except BaseException:

@@ -13,12 +13,14 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import random
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -31,18 +33,7 @@ from botocore.credentials import Credentials
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import (
-    HEADER_GATEWAY_S,
-    HEADER_MODE,
-    HEADER_PAYLOAD_BYTES,
-    KVOp,
-    LookupReply,
-    RdmaRegisterRequest,
-    RegisterReply,
-    RegisterRequest,
-    RegisterTicket,
-    UnregisterRequest,
-)
+from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
@@ -53,6 +44,16 @@ from .rdma import RdmaDestinations, rdma_available
 
 PUT_BATCH_BYTES = 64 << 20
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+# Retries of idempotent calls wait backoff, 2·backoff, 4·backoff, ... (±25% jitter), each at most this long.
+MAX_BACKOFF_S = 2.0
+
+log = logging.getLogger("objectcache.client")
+T = TypeVar("T")
+
+
+def _unreachable(endpoint: str, what: str, e: BaseException) -> S3Error:
+    """A refused, reset or dropped connection as the SDK's own error (never a raw aiohttp exception)."""
+    return S3Error(ErrorCode.ServiceUnavailable, f"{what}: the connection to the gateway at {endpoint} failed ({type(e).__name__}: {e})")
 
 
 def _s3_error(status: int, body: bytes) -> S3Error:
@@ -121,6 +122,14 @@ class LayerStream:
         return arr.reshape(layout.num_layers, n, 2, layout.chunk_tokens, layout.kv_heads, layout.head_dim)
 
     async def __anext__(self) -> tuple[int, memoryview]:
+        try:
+            return await self._next_layer()
+        except aiohttp.ClientError as e:
+            # Not retried: layers may already be in the caller's hands; the caller decides (fetch again).
+            raise S3Error(ErrorCode.ServiceUnavailable, f"the KV stream broke after {self._next} of {self.num_layers} layers "
+                          f"({type(e).__name__}: {e}); it is not retried, fetch again") from None
+
+    async def _next_layer(self) -> tuple[int, memoryview]:
         while not self._done:
             frame = await self._frames.next_frame()
             if frame is None:
@@ -158,13 +167,31 @@ class ObjectCacheClient:
     ``read_timeout`` bounds the silence between two reads of a response (a
     stalled server), not a whole transfer: a paced kv-get stream may rightly
     run for minutes. Exceeding it raises ``RequestTimeout``.
+
+    Idempotent calls (``lookup``, ``put_chunks`` — chunks are immutable —,
+    ``status``, and ``fetch``/``fetch_layers`` until the response has begun)
+    are retried ``retries`` times when the gateway answers 503 or the
+    connection is refused, reset or dropped (a gateway restart), waiting
+    ``backoff`` seconds, then twice that, and so on (at most 2 s each); then
+    they raise ``ObjectCacheError`` (``ServiceUnavailable``) saying what failed.
+    A stream that breaks after it began is never retried silently. Every
+    failure is an ``ObjectCacheError``, never a raw aiohttp exception.
+
+    ``shm_prefault_bytes`` (0: off) runs :meth:`warm_up` for payloads of that
+    size when the client opens, so the first shm fetch finds its region ready.
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
-                 max_connections: int = 64, read_timeout: float = 120.0) -> None:
+                 max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
+                 shm_prefault_bytes: int = 0) -> None:
+        if retries < 0 or backoff < 0:
+            raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
         self.bucket = bucket
         self.region = region
+        self.retries = retries
+        self.backoff = backoff
+        self.shm_prefault_bytes = shm_prefault_bytes
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -189,6 +216,12 @@ class ObjectCacheClient:
             config=BotoConfig(s3={"addressing_style": "path"}, max_pool_connections=self._max_connections),
         )
         self.s3 = await self._s3_ctx.__aenter__()
+        if self.shm_prefault_bytes > 0:
+            try:
+                await self.warm_up(self.shm_prefault_bytes)
+            except BaseException:
+                await self.close()
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -234,19 +267,40 @@ class ObjectCacheClient:
             data = body
         try:
             resp = await self._http.post(url, data=data, headers=headers)
+            if resp.status != 200:
+                text = await resp.read()
+                resp.release()
+                raise _s3_error(resp.status, text)
+            if not stream:
+                await resp.read()
         except asyncio.TimeoutError:
             raise S3Error(ErrorCode.RequestTimeout, f"no response to ?{op} within {self._timeout.sock_read:.0f} s (read_timeout)") from None
-        if resp.status != 200:
-            text = await resp.read()
-            resp.release()
-            raise _s3_error(resp.status, text)
-        if not stream:
-            await resp.read()
+        except aiohttp.ClientError as e:
+            raise _unreachable(self.endpoint, f"?{op}", e) from None
         return resp
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run an idempotent ``call``; on 503 or a failed connection, retry with bounded exponential backoff."""
+        started = time.monotonic()
+        for attempt in range(self.retries + 1):
+            try:
+                return await call()
+            except S3Error as e:
+                if e.code is not ErrorCode.ServiceUnavailable:
+                    raise
+                if attempt == self.retries:
+                    raise S3Error(ErrorCode.ServiceUnavailable, f"{what} failed after {attempt + 1} attempt(s) over "
+                                  f"{time.monotonic() - started:.1f} s: {e.message}", e.resource, e.extra) from None
+                delay = min(self.backoff * 2 ** attempt, MAX_BACKOFF_S) * random.uniform(0.75, 1.25)
+                log.info("%s: %s; retry %d of %d in %.2f s", what, e.message, attempt + 1, self.retries, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
         """Ask for a ticket (signed), then hand the memfd over on this host (:mod:`protocol.shm`)."""
-        resp = await self._post("/", KVOp.REGISTER, _json(RegisterRequest(region.size)))
+        # populate only when asked, so a server that predates the field still takes plain registrations.
+        request = {"size": region.size} | ({"populate": True} if region.prefaulted else {})
+        resp = await self._retrying("kv-register", lambda: self._post("/", KVOp.REGISTER, json.dumps(request).encode()))
         ticket = RegisterTicket.from_json(await resp.json())
         assert region.fd is not None
         reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
@@ -260,6 +314,21 @@ class ObjectCacheClient:
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     # -- public API -----------------------------------------------------------------
+    async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
+        """Take the first shm fetch's set-up off its critical path: do it now.
+
+        Creates ``regions`` shared-memory regions (one per fetch you will run at
+        once) that each fit a ``payload_bytes`` payload, registers them with the
+        storage server (the hand-over round trips) and faults in every page, so
+        a later ``fetch``/``fetch_layers`` over shm reuses them with none of that
+        left to do. Needs the storage server on this host, like shm itself.
+        """
+        if payload_bytes <= 0 or regions < 1:
+            raise ValueError("warm_up needs payload_bytes > 0 and regions >= 1")
+        shm = self._destinations[TransportKind.SHM]
+        assert isinstance(shm, ShmDestinations)
+        await shm.warm_up(payload_bytes, regions)
+
     async def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist yet (plain S3, through aiobotocore)."""
         try:
@@ -288,17 +357,22 @@ class ObjectCacheClient:
             batch.append(item)
             size += item[1].nbytes
             if size >= PUT_BATCH_BYTES:
-                await self._post(f"/{self.bucket}", KVOp.PUT, encode_put_batch(batch))
+                await self._put_batch(batch)
                 batch, size = [], 0
         if batch:
-            await self._post(f"/{self.bucket}", KVOp.PUT, encode_put_batch(batch))
+            await self._put_batch(batch)
         return len(views)
+
+    async def _put_batch(self, batch: list[tuple[str, memoryview]]) -> None:
+        body = encode_put_batch(batch)  # a list of views: each attempt sends it afresh
+        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body))
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the longest cached prefix, in chunks."""
         if not keys:
             return 0
-        resp = await self._post(f"/{self.bucket}", KVOp.LOOKUP, encode_keys(list(keys)))
+        body = encode_keys(list(keys))
+        resp = await self._retrying(f"kv-lookup of {len(keys)} key(s)", lambda: self._post(f"/{self.bucket}", KVOp.LOOKUP, body))
         return LookupReply.from_json(await resp.json()).hits
 
     @contextlib.asynccontextmanager
@@ -337,8 +411,11 @@ class ObjectCacheClient:
                 dest = await destinations.acquire(payload_bytes, out)
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
                                         layer_checksums=check)
+                body = encode_descriptor(descriptor)
                 try:
-                    resp = await self._post(f"/{self.bucket}", KVOp.GET, encode_descriptor(descriptor), stream=True)
+                    # Retried only until the response begins: no byte of the payload has moved before that.
+                    resp = await self._retrying(f"kv-get of {len(keys)} chunk(s)",
+                                                lambda: self._post(f"/{self.bucket}", KVOp.GET, body, stream=True))
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
@@ -383,10 +460,20 @@ class ObjectCacheClient:
     async def status(self) -> dict:
         """This tenant's transfers in flight, registered regions and bandwidth leases."""
         assert self._http is not None
+        http = self._http
         url = f"{self.endpoint}/?{KVOp.STATUS}"
-        headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {})
-        async with self._http.get(url, headers=headers) as resp:
-            if resp.status != 200:
-                raise _s3_error(resp.status, await resp.read())
-            return await resp.json()
+
+        async def once() -> dict:
+            headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {})
+            try:
+                async with http.get(url, headers=headers) as resp:
+                    if resp.status != 200:
+                        raise _s3_error(resp.status, await resp.read())
+                    return await resp.json()
+            except asyncio.TimeoutError:
+                raise S3Error(ErrorCode.RequestTimeout, f"no response to ?{KVOp.STATUS} within the read_timeout") from None
+            except aiohttp.ClientError as e:
+                raise _unreachable(self.endpoint, f"?{KVOp.STATUS}", e) from None
+
+        return await self._retrying("kv-status", once)
 

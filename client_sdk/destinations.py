@@ -75,6 +75,16 @@ class ShmDestinations(Destinations):
         target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
         return Destination(target, region.region.view[:payload_bytes], region)
 
+    async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
+        """Create, register and pre-fault ``regions`` regions that each fit ``payload_bytes``, ready for later fetches."""
+        held = []
+        try:
+            for _ in range(regions):
+                held.append(await self.pool.acquire(payload_bytes, prefault=True))
+        finally:
+            for r in held:
+                self.pool.release(r)
+
     def release(self, dest: Destination) -> None:
         if dest.region is not None:
             self.pool.release(dest.region)

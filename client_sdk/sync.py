@@ -39,11 +39,12 @@ class SyncLayers:
 
 
 class SyncObjectCacheClient:
-    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1") -> None:
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1", **options: Any) -> None:
+        """``options`` are :class:`ObjectCacheClient`'s (``retries``, ``backoff``, ``read_timeout``, ...)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="objectcache-client", daemon=True)
         self._thread.start()
-        self.client = ObjectCacheClient(endpoint, access_key, secret_key, bucket, region)
+        self.client = ObjectCacheClient(endpoint, access_key, secret_key, bucket, region, **options)
         self._call(self.client.__aenter__())
 
     def _call(self, coro) -> Any:

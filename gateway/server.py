@@ -115,7 +115,11 @@ async def start_gateway(config: Config, store: ObjectStore, host: str | None = N
     await runner.setup()
     listener = GuardedListener(runner, gw.host if host is None else host, gw.port if port is None else port,
                                header_timeout_s=gw.header_timeout_s, max_connections=gw.max_connections)
-    bound = await listener.start()
+    try:
+        bound = await listener.start()
+    except BaseException:
+        await runner.cleanup()  # e.g. the port is in use: release what setup() built
+        raise
     m = config.metrics
     stop_metrics = await app[METRICS_KEY].listen(m.host, m.gateway_port) if m.gateway_port else None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, with_dev_tenant
+from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, with_dev_tenant, write_dev_credentials
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
@@ -20,6 +21,20 @@ from .restart import RestartBackoff
 from .sdnotify import notify
 
 READY = "READY"
+# A process that could not start and has said why in one line on stderr exits with this;
+# `serve` then exits with it too, adding nothing.
+EXIT_CANNOT_START = 3
+
+
+class CannotStart(Exception):
+    """Start-up failed for a reason one line explains (no traceback)."""
+
+
+def _listen_error(host: str, port: int, e: OSError) -> CannotStart:
+    if e.errno == errno.EADDRINUSE:
+        return CannotStart(f"port {port} is already in use ({host}:{port}: another process listens there; "
+                           "stop it or choose another port with --port or OBJECTCACHE_GATEWAY_PORT)")
+    return CannotStart(f"cannot listen on {host}:{port} ({e.strerror or e})")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -67,10 +82,16 @@ def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
     from gateway.server import start_gateway
     from storage_server.store import open_object_store
 
-    cfg, _ = with_dev_tenant(cfg)
+    cfg, dev = with_dev_tenant(cfg)
 
     async def start():
-        port, stop = await start_gateway(cfg, open_object_store(cfg))
+        try:
+            port, stop = await start_gateway(cfg, open_object_store(cfg))
+        except OSError as e:
+            raise _listen_error(cfg.gateway.host, cfg.gateway.port, e) from None
+        if dev is not None:
+            # Only this process knows the port (--port 0 picks one): record it before READY.
+            write_dev_credentials(cfg, dev, port)
         print(f"{READY} gateway http://{cfg.gateway.host}:{port}", flush=True)
         return stop
 
@@ -130,7 +151,10 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
             threading.Thread(target=_echo, args=(proc.stdout,), daemon=True, name=f"{role}-stdout").start()
             return line.split(maxsplit=2)[2].strip()
         print(line, end="")
-    raise SystemExit(f"objectcache: the {role} exited before it was ready (exit code {proc.wait()})")
+    code = proc.wait()
+    if code == EXIT_CANNOT_START:
+        raise SystemExit(code)  # the child has said why on stderr
+    raise SystemExit(f"objectcache: the {role} exited before it was ready (exit code {code})")
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
@@ -230,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"objectcache: configuration error: {e}", file=sys.stderr)
         return 2
+    except CannotStart as e:
+        print(f"objectcache: {e}", file=sys.stderr)
+        return EXIT_CANNOT_START
 
 
 if __name__ == "__main__":

@@ -15,35 +15,58 @@ from protocol.config import Config, Tenant
 DEV_CREDENTIALS_FILE = "dev-credentials.env"
 
 
-def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
-    """With no tenants configured, use one development tenant.
-
-    Its keys are generated once per data directory and kept in
-    ``<data_dir>/dev-credentials.env`` (mode 0600), a shell file that also sets
-    the region and endpoint, so ``source data/dev-credentials.env`` configures
-    aws-cli and boto3.
-    """
-    if cfg.tenants:
-        return cfg, None
-    path = cfg.data_dir / DEV_CREDENTIALS_FILE
+def _read(path) -> dict[str, str]:
     values: dict[str, str] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.startswith("export ") and "=" in line:
                 k, _, v = line[len("export "):].partition("=")
                 values[k] = v.strip("'\"")
+    return values
+
+
+def endpoint_url(host: str, port: int) -> str:
+    """The URL a client on this host uses for a gateway listening on ``host:port``."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def write_dev_credentials(cfg: Config, tenant: Tenant, port: int) -> None:
+    """(Re)write ``<data_dir>/dev-credentials.env`` (mode 0600, replaced atomically).
+
+    ``port`` 0 means the gateway has not bound yet: the endpoint line is left out
+    rather than naming a port nobody listens on; the gateway writes it once it knows.
+    """
+    path = cfg.data_dir / DEV_CREDENTIALS_FILE
+    lines = [
+        f"export AWS_ACCESS_KEY_ID={tenant.access_key}",
+        f"export AWS_SECRET_ACCESS_KEY={tenant.secret_key}",
+        f"export AWS_DEFAULT_REGION={cfg.gateway.region}",
+    ]
+    if port:
+        lines.append(f"export AWS_ENDPOINT_URL={endpoint_url(cfg.gateway.host, port)}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
+    """With no tenants configured, use one development tenant.
+
+    Its keys are generated once per data directory and kept in
+    ``<data_dir>/dev-credentials.env`` (mode 0600), a shell file that also sets
+    the region and endpoint, so ``source data/dev-credentials.env`` configures
+    aws-cli and boto3. With ``--port 0`` the endpoint is recorded by the gateway
+    once it has bound (:func:`write_dev_credentials`).
+    """
+    if cfg.tenants:
+        return cfg, None
+    values = _read(cfg.data_dir / DEV_CREDENTIALS_FILE)
     ak = values.get("AWS_ACCESS_KEY_ID") or "OC" + secrets.token_hex(9).upper()
     sk = values.get("AWS_SECRET_ACCESS_KEY") or secrets.token_urlsafe(30)
     tenant = Tenant("dev", ak, sk)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::", "") else cfg.gateway.host
-    text = (
-        f"export AWS_ACCESS_KEY_ID={ak}\n"
-        f"export AWS_SECRET_ACCESS_KEY={sk}\n"
-        f"export AWS_DEFAULT_REGION={cfg.gateway.region}\n"
-        f"export AWS_ENDPOINT_URL=http://{host}:{cfg.gateway.port}\n"
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    write_dev_credentials(cfg, tenant, cfg.gateway.port)
     return replace(cfg, tenants=(tenant,)), tenant

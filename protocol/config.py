@@ -17,6 +17,7 @@ Every process reads this module, so it imports nothing of the project and writes
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 import typing
@@ -27,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "OBJECTCACHE_"
+# A gateway reachable from other machines needs real keys: placeholders from the example
+# configuration, or secrets shorter than this, are refused there (loopback-only is exempt).
+PLACEHOLDER_MARK = "REPLACE_WITH"
+MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local",)
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
@@ -108,6 +113,16 @@ class GatewayConfig(Section):
         self.require(self.max_clock_skew_s > 0, "max_clock_skew_s", "must be positive")
         self.require(1 <= self.max_list_keys <= 1000, "max_list_keys", "must be in 1..1000")
         self.require(self.kv_max_put_bytes >= 1, "kv_max_put_bytes", "must be positive")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # "" (every interface) or a host name: reachable from elsewhere
 
 
 @dataclass(frozen=True)
@@ -262,6 +277,16 @@ class Config(Section):
         for t in self.tenants:
             self.require(t.access_key not in seen, "tenants", f"access_key {t.access_key!r} is used twice")
             seen.add(t.access_key)
+        if not is_loopback(self.gateway.host):
+            exposed = f"gateway.host = {self.gateway.host!r} listens beyond this machine"
+            for t in self.tenants:
+                for key in ("access_key", "secret_key"):
+                    self.require(PLACEHOLDER_MARK not in getattr(t, key), "tenants",
+                                 f"tenant {t.name!r}: {key} is the placeholder {getattr(t, key)!r} and {exposed}; "
+                                 "generate real keys (e.g. `openssl rand -base64 30`)")
+                self.require(len(t.secret_key) >= MIN_EXPOSED_SECRET_CHARS, "tenants",
+                             f"tenant {t.name!r}: secret_key is {len(t.secret_key)} characters and {exposed}; "
+                             f"use at least {MIN_EXPOSED_SECRET_CHARS} (e.g. `openssl rand -base64 30`)")
 
 
 # --- The schema, walked: table names and environment variable names come from the dataclasses.

@@ -101,9 +101,15 @@ def hex_field(name: str, value: str, nbytes: int | None = None) -> bytes:
 
 @dataclass(frozen=True)
 class RegisterRequest(JsonRecord):
-    """``kv-register``: the size of a memfd region the client is about to hand over (see :mod:`protocol.shm`)."""
+    """``kv-register``: the size of a memfd region the client is about to hand over (see :mod:`protocol.shm`).
+
+    ``populate``: the server faults in its whole mapping before it answers the hand-over
+    (a client warming up ahead of its first fetch); otherwise pages fault in as transfers
+    first touch them.
+    """
 
     size: int
+    populate: bool = False
 
 
 @dataclass(frozen=True)

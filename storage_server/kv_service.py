@@ -116,7 +116,7 @@ class KVService:
     async def register(self, call: RpcCall) -> Reply:
         """Step 1 of an shm registration: a ticket to hand the memory over with (:mod:`protocol.shm`)."""
         r = RegisterRequest.from_json(_without(call.request.fields, "tenant"))
-        ticket = self.regions.offer(call.field("tenant"), r.size)
+        ticket = self.regions.offer(call.field("tenant"), r.size, populate=r.populate)
         return RegisterTicket(self.handover_socket, ticket.secret.hex(), ticket.size).to_json()
 
     async def register_rdma(self, call: RpcCall) -> Reply:

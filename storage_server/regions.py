@@ -65,6 +65,7 @@ class MappedRegion(Region):
 
     mm: mmap.mmap
     view: memoryview = field(init=False)
+    populate: bool = field(default=False, kw_only=True)  # fault the mapping in at hand-over (RegisterRequest.populate)
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.mm)
@@ -82,6 +83,7 @@ class Ticket:
     tenant: str
     size: int
     expires: float
+    populate: bool = False  # fault in the whole mapping at hand-over (RegisterRequest.populate)
 
 
 def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
@@ -110,7 +112,7 @@ class RegionRegistry:
         del self._regions[region.region_id]
         region.close()
 
-    def offer(self, tenant: str, size: int, now: float | None = None) -> Ticket:
+    def offer(self, tenant: str, size: int, now: float | None = None, populate: bool = False) -> Ticket:
         """Step 1 (signed HTTP): a one-time ticket for handing over ``size`` bytes."""
         if not 1 <= size <= 1 << 46:
             raise S3Error(ErrorCode.InvalidArgument, f"region size {size} is out of range", extra={"ArgumentName": "size"})
@@ -118,11 +120,11 @@ class RegionRegistry:
         self._tickets = {k: t for k, t in self._tickets.items() if t.expires > now}
         if sum(t.tenant == tenant for t in self._tickets.values()) >= MAX_PENDING_PER_TENANT:
             raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {MAX_PENDING_PER_TENANT} registrations pending; complete them first")
-        ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S)
+        ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S, populate)
         self._tickets[ticket.secret] = ticket
         return ticket
 
-    def complete(self, secret: bytes, fd: int, now: float | None = None) -> Region:
+    def complete(self, secret: bytes, fd: int, now: float | None = None) -> MappedRegion:
         """Step 2 (hand-over socket): redeem the ticket with the memory itself. ``fd`` stays the caller's to close."""
         now = time.monotonic() if now is None else now
         ticket = self._tickets.pop(secret, None)
@@ -130,7 +132,7 @@ class RegionRegistry:
             raise S3Error(ErrorCode.AccessDenied, "the registration ticket is unknown, used or expired; ask for a new one")
         self._make_room(ticket.tenant)
         mm = map_sealed_memfd(fd, ticket.size)
-        return self.admit(lambda rid, token: MappedRegion(rid, token, ticket.tenant, ticket.size, mm=mm), ticket.tenant)
+        return self.admit(lambda rid, token: MappedRegion(rid, token, ticket.tenant, ticket.size, mm=mm, populate=ticket.populate), ticket.tenant)
 
     def _make_room(self, tenant: str) -> None:
         """A tenant at its cap loses its least recently used idle region (refused if all are in use)."""

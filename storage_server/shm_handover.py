@@ -17,7 +17,7 @@ import socket
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import RegisterReply
 from protocol.rpc import encode_error, encode_reply
-from protocol.shm import TICKET_BYTES
+from protocol.shm import TICKET_BYTES, populate
 
 from .regions import RegionRegistry
 
@@ -61,6 +61,14 @@ class HandoverServer:
                 if len(secret) != TICKET_BYTES or len(fds) != 1:
                     raise S3Error(ErrorCode.InvalidRequest, f"a hand-over is a {TICKET_BYTES}-byte ticket with exactly one memfd attached")
                 region = self.regions.complete(secret, fds[0])
+                if region.populate:
+                    # Fault in the whole mapping now (a worker thread, the GIL released), so the
+                    # client's first transfer into it takes no page faults here.
+                    region.hold()
+                    try:
+                        await asyncio.to_thread(populate, region.mm, region.size)
+                    finally:
+                        region.release()
                 reply = encode_reply(RegisterReply(region.region_id.hex(), region.token.hex(), region.size).to_json())
             except S3Error as e:
                 reply = encode_error(e)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from support import REPO, ServerProcess, TenantKeys, boto_client
 
 
@@ -73,3 +74,51 @@ def test_storage_server_alone_answers_rpc(tmp_path):
             assert err["ok"] is False and err["error"]["code"] == "InvalidRequest" and "nope" in err["error"]["message"]
     finally:
         assert proc.stop() == 0
+
+
+def _env_file(path) -> dict[str, str]:
+    return dict(line.removeprefix("export ").split("=", 1) for line in path.read_text().splitlines() if line.startswith("export "))
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_port_0_records_the_port_the_gateway_bound_in_dev_credentials(tmp_path, command):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n')
+    storage = ServerProcess(cfg, command="storage-server").start() if command == "gateway" else None
+    proc = ServerProcess(cfg, command=command).start(port=0)
+    try:
+        assert proc.port != 0
+        creds = _env_file(tmp_path / "data" / "dev-credentials.env")
+        # Written before READY by the process that bound the port, so a user can source it at once.
+        assert creds["AWS_ENDPOINT_URL"] == proc.endpoint == f"http://127.0.0.1:{proc.port}"
+        assert (tmp_path / "data" / "dev-credentials.env").stat().st_mode & 0o777 == 0o600
+        s3 = boto_client(creds["AWS_ENDPOINT_URL"], TenantKeys("dev", creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"]))
+        s3.create_bucket(Bucket="from-env-file")
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["from-env-file"]
+    finally:
+        assert proc.stop() == 0
+        if storage is not None:
+            assert storage.stop() == 0
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_busy_port_is_one_line_naming_it_and_a_failed_exit(tmp_path, command):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\n')
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_cli(command, "--config", str(cfg), "--port", str(port))
+    assert r.returncode != 0
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith(f"objectcache: port {port} is already in use ("), r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_the_deploy_example_with_its_placeholder_keys_does_not_start(command):
+    r = run_cli(command, "--config", str(REPO / "deploy" / "objectcache.example.toml"))
+    assert r.returncode == 2
+    assert "objectcache: configuration error: tenants: tenant 'serving': access_key is the placeholder" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -152,9 +152,51 @@ def test_sections_validate_themselves_when_built():
         LocalStoreConfig(io_threads=0)
 
 
-def test_the_deploy_example_loads():
-    cfg = load_config(REPO / "deploy" / "objectcache.example.toml", env={})
+def test_the_deploy_example_loads_once_its_keys_are_replaced(tmp_path):
+    text = (REPO / "deploy" / "objectcache.example.toml").read_text()
+    text = text.replace("REPLACE_WITH_ACCESS_KEY", "AKEXAMPLE0123").replace("REPLACE_WITH_SECRET_KEY", "s3cr3t-of-thirty-two-characters!")
+    cfg = load_config(write(tmp_path, text), env={})
     assert cfg.store.local.io_threads == 16 and [t.name for t in cfg.tenants] == ["serving"]
+    assert cfg.gateway.host == "0.0.0.0"
+
+
+def test_the_deploy_example_as_shipped_is_refused_naming_tenant_and_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "deploy" / "objectcache.example.toml", env={})
+    assert "tenant 'serving'" in str(e.value) and "access_key" in str(e.value) and "REPLACE_WITH" in str(e.value)
+    assert "0.0.0.0" in str(e.value)
+
+
+EXPOSED_HOSTS = ["0.0.0.0", "::", "", "10.1.2.3", "gateway.example.internal"]
+LOOPBACK_HOSTS = ["127.0.0.1", "127.9.9.9", "::1", "localhost", "LOCALHOST"]
+
+
+def _tenant_config(tmp_path, host: str, access_key: str, secret_key: str):
+    return write(tmp_path, f'[gateway]\nhost = "{host}"\n\n[[tenants]]\nname = "alice"\naccess_key = "{access_key}"\nsecret_key = "{secret_key}"\n')
+
+
+@pytest.mark.parametrize("host", EXPOSED_HOSTS)
+@pytest.mark.parametrize(("access_key", "secret_key", "named"), [
+    ("REPLACE_WITH_ACCESS_KEY", "a-long-enough-secret-key", "access_key"),
+    ("AKREAL", "REPLACE_WITH_SECRET_KEY", "secret_key"),
+    ("AKREAL", "fifteen-chars!!", "secret_key is 15 characters"),
+])
+def test_an_exposed_gateway_refuses_placeholder_or_short_keys(tmp_path, host, access_key, secret_key, named):
+    with pytest.raises(ConfigError) as e:
+        load_config(_tenant_config(tmp_path, host, access_key, secret_key), env={})
+    assert str(e.value).startswith("tenants: tenant 'alice': ") and named in str(e.value) and repr(host) in str(e.value)
+
+
+@pytest.mark.parametrize("host", LOOPBACK_HOSTS)
+def test_a_loopback_gateway_accepts_any_keys(tmp_path, host):
+    cfg = load_config(_tenant_config(tmp_path, host, "REPLACE_WITH_ACCESS_KEY", "short"), env={})
+    assert cfg.tenants[0].secret_key == "short"
+
+
+def test_an_exposed_gateway_accepts_a_16_character_secret_and_env_tenants_are_checked_too(tmp_path):
+    assert load_config(_tenant_config(tmp_path, "0.0.0.0", "AKREAL", "x" * 16), env={}).tenants[0].access_key == "AKREAL"
+    with pytest.raises(ConfigError, match="tenant 'bob': secret_key is 5 characters"):
+        load_config(env={"OBJECTCACHE_GATEWAY_HOST": "0.0.0.0", "OBJECTCACHE_TENANTS": "bob:AKBOB:short"})
 
 
 def test_the_readme_table_lists_every_key_and_no_other():
