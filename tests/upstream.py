@@ -1,0 +1,84 @@
+"""An upstream S3 store for the ``s3`` backend's tests: moto's server as a real peer process on 127.0.0.1.
+
+Its request log (one werkzeug line per request) is how tests count what ObjectCache asks
+the upstream. ``shared_moto()`` is one server for the whole session, reset per test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+KEYS = ("testing", "testing")  # moto accepts any credentials
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    def __init__(self, log: Path, port: int = 0) -> None:
+        self.log, self.port = log, port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_s: float = 30) -> "MotoServer":
+        env = {**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"moto server did not start:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def reset(self) -> None:
+        """Forget every bucket (moto's own API)."""
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).close()
+
+    def requests(self) -> list[str]:
+        """Request lines logged so far (``"GET /bucket/key?... HTTP/1.1" 200``), moto's own API excluded."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [ln.split('"', 2)[1] for ln in lines if ln.count('"') >= 2 and "HTTP/1.1" in ln and "/moto-api/" not in ln]
+
+    def config(self) -> str:
+        """The ``[store.s3]`` table that points a node at this server."""
+        return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "{KEYS[0]}"\nsecret_key = "{KEYS[1]}"\n'
+                "max_attempts = 2\nconnect_timeout_s = 1\nread_timeout_s = 10\n")
+
+
+_shared: list[MotoServer] = []
+
+
+def shared_moto(log_dir: Path) -> MotoServer:
+    """One moto server for the session (started on first use, stopped at exit)."""
+    if not _shared or _shared[0].proc is None or _shared[0].proc.poll() is not None:
+        _shared[:] = [MotoServer(log_dir / f"moto-{os.getpid()}-{time.monotonic_ns()}.log").start()]
+        atexit.register(_shared[0].stop)
+    return _shared[0]
