@@ -36,7 +36,7 @@ def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     assert isinstance(store, LocalDiskStore)
     # Chunk files kept open between transfers, bounded by half the process's file limit.
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
-    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit))
+    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit), config.cache.max_bytes)
 
 
 def _s3_store(config: Config) -> ObjectStore:

@@ -8,6 +8,7 @@ counts what a kv-get costs the upstream.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from pathlib import Path
@@ -70,7 +71,11 @@ def test_a_chunk_put_through_one_node_is_fetched_layerwise_through_another(tier,
         async with client(a, people["alice"], bucket) as ca:
             assert await ca.put_chunks(keys, chunks, LAYOUT) == n
         async with client(b, people["alice"], bucket) as cb:
-            assert await cb.lookup(keys) == n
+            longer = keys + keys_for(LAYOUT, 4 * n, bucket + "-never")[n:]  # 48 stored, then 144 never stored
+            before = len(moto.requests())
+            assert await cb.lookup(longer) == n
+            heads = [r for r in moto.requests()[before:] if r.startswith(f"HEAD /{bucket}/")]
+            assert len(heads) <= 1 + math.ceil(math.log2(len(longer)))  # a binary search, not one HEAD per key
             before = len(moto.requests())
             payload, stats = await cb.fetch(keys, LAYOUT, transport, mode="layerwise")
             assert stats.server.mode == "layerwise" and np.array_equal(payload, expected)

@@ -65,8 +65,11 @@ class LruPolicy:
         self.used -= size
         return size
 
-    def victims(self, need: int) -> list[str] | None:
-        """Unpinned entries, oldest first, whose sizes add up to at least ``need``; None if even all of them are not enough."""
+    def victims(self, need: int, partial: bool = False) -> list[str] | None:
+        """Unpinned entries, oldest first, whose sizes add up to at least ``need``.
+
+        If even all of them are not enough: None, or with ``partial`` all of them.
+        """
         out: list[str] = []
         freed = 0
         for key, size in self._sizes.items():
@@ -75,4 +78,4 @@ class LruPolicy:
             if key not in self._pins:
                 out.append(key)
                 freed += size
-        return out if freed >= need else None
+        return out if freed >= need or partial else None
