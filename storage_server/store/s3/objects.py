@@ -7,6 +7,7 @@ as reserved user-metadata entries (``x-amz-meta-oc-*``) and are stripped again o
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -31,9 +32,23 @@ class Stored:
     immutable: bool
 
 
+def _ascii(value: str) -> str:
+    """A metadata value the upstream can carry as a header: non-ASCII text RFC 2047-encoded, as S3 itself returns it."""
+    return value if value.isascii() else f"=?UTF-8?B?{base64.b64encode(value.encode()).decode()}?="
+
+
+def _text(value: str) -> str:
+    if value.startswith("=?UTF-8?B?") and value.endswith("?="):
+        try:
+            return base64.b64decode(value[10:-2], validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return value
+
+
 def put_args(spec: PutSpec, owner: str, checksums: dict[str, str], immutable: bool) -> dict[str, Any]:
     """ContentType and Metadata for an upstream PUT, copy or multipart upload."""
-    metadata = {k: v for k, v in spec.user_metadata.items() if k.lower() not in _RESERVED_META} | {_OWNER: owner}
+    metadata = {k: _ascii(v) for k, v in spec.user_metadata.items() if k.lower() not in _RESERVED_META} | {_OWNER: _ascii(owner)}
     if immutable:
         metadata[_IMMUTABLE] = "1"
     if checksums:
@@ -49,9 +64,9 @@ def stored(bucket: str, key: str, resp: dict[str, Any]) -> Stored:
     meta = ObjectMeta(
         bucket=bucket, key=key, size=int(resp.get("ContentLength", 0)), etag=resp["ETag"],
         last_modified=resp["LastModified"].timestamp(), content_type=resp.get("ContentType") or "binary/octet-stream",
-        user_metadata={k: v for k, v in raw.items() if k not in _RESERVED_META},
+        user_metadata={k: _text(v) for k, v in raw.items() if k not in _RESERVED_META},
         system_headers=json.loads(raw.get(_SYSTEM, "{}")), checksums=json.loads(raw.get(_CHECKSUMS, "{}")),
-        storage_class=resp.get("StorageClass") or "STANDARD", owner=raw.get(_OWNER, ""),
+        storage_class=resp.get("StorageClass") or "STANDARD", owner=_text(raw.get(_OWNER, "")),
     )
     if "ContentRange" in resp:  # a ranged GET: the object's size is after the slash
         meta = replace(meta, size=int(resp["ContentRange"].rsplit("/", 1)[1]))
@@ -61,7 +76,8 @@ def stored(bucket: str, key: str, resp: dict[str, Any]) -> Stored:
 class PartCutter:
     """Cuts a body into pieces of exactly ``size`` bytes (the last one shorter), digesting everything it reads.
 
-    Holds at most one piece in memory, so a body of any length streams upstream in bounded memory.
+    Holds at most one piece (and what the next read brought) in memory, so a body of any length
+    streams upstream in bounded memory.
     """
 
     def __init__(self, body: BodyStream, size: int, digester: Digester) -> None:
@@ -72,7 +88,7 @@ class PartCutter:
 
     async def next(self) -> bytes | None:
         """The next piece, or None once the body is exhausted."""
-        while not self.ended and len(self._buf) < self.size:
+        while not self.ended and len(self._buf) <= self.size:  # one byte past a piece tells whether the body ends there
             try:
                 piece = await anext(self._it)
             except StopAsyncIteration:

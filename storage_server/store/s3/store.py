@@ -203,7 +203,9 @@ class S3Store(UploadOps, ObjectStore):
                           checksums=src.checksums, owner=owner)
 
     async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> ListPage:
-        return await list_page(self.up, bucket, prefix, delimiter, after, limit)
+        page = await list_page(self.up, bucket, prefix, delimiter, after, limit)
+        owner = (await self.buckets.get(bucket)).owner  # only the bucket's owner writes to it
+        return replace(page, objects=[replace(o, owner=owner) for o in page.objects])
 
     async def close(self) -> None:
         await self.up.close()

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from protocol.config import S3StoreConfig
 from protocol.errors import ErrorCode, S3Error
@@ -39,11 +39,18 @@ def translate(e: ClientError, missing: ErrorCode, resource: str) -> S3Error:
     if code in _BUSY or status >= 500:
         return S3Error(ErrorCode.ServiceUnavailable, f"The upstream store is unavailable ({code or status}); retry.", resource)
     if code in ErrorCode.__members__:
-        return S3Error(ErrorCode[code], message, resource)
+        return _named(ErrorCode[code], message, resource)
     by_status = {404: missing, 304: ErrorCode.NotModified, 412: ErrorCode.PreconditionFailed, 416: ErrorCode.InvalidRange}
     if status in by_status:
-        return S3Error(by_status[status], "", resource)
+        return _named(by_status[status], "", resource)
     return S3Error(ErrorCode.InternalError, f"The upstream store answered {status} {code}: {message}", resource)
+
+
+def _named(code: ErrorCode, message: str, resource: str) -> S3Error:
+    """The error with the fields S3 puts beside NoSuchKey and NoSuchBucket."""
+    bucket, _, key = resource.lstrip("/").partition("/")
+    extra = {"Key": key} if code == ErrorCode.NoSuchKey and key else {"BucketName": bucket} if code == ErrorCode.NoSuchBucket and bucket else {}
+    return S3Error(code, message, resource, extra)
 
 
 def unavailable(e: BaseException, resource: str = "") -> S3Error:
@@ -91,6 +98,8 @@ class Upstream:
             return await getattr(client, op)(**kwargs)
         except ClientError as e:
             raise translate(e, missing, resource) from None
+        except ParamValidationError as e:  # a value the upstream's API cannot carry (raised before any request)
+            raise S3Error(ErrorCode.InvalidArgument, str(e).splitlines()[-1], resource) from None
         except _TRANSPORT_ERRORS as e:
             raise unavailable(e, resource) from None
 
