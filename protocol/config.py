@@ -135,7 +135,7 @@ class S3StoreConfig(Section):
     read_timeout_s: float = 60.0
     # Bodies above this go upstream as a multipart upload of parts this size (bounds memory per stream);
     # also the largest part a client may send (aws-cli and boto3 send 8 MiB parts).
-    part_bytes: int = 16 * 1024 * 1024
+    part_bytes: int = 8 * 1024 * 1024
 
     def validate(self) -> None:
         self.require(self.max_connections >= 1, "max_connections", "must be at least 1")

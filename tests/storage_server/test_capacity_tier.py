@@ -230,7 +230,7 @@ def test_seaweedfs_serves_as_the_upstream_too(tmp_path):
     try:
         alice_a, alice_b = boto_client(a.endpoint, people["alice"]), boto_client(b.endpoint, people["alice"])
         alice_a.create_bucket(Bucket="weedkv")
-        big = bytes(range(256)) * (80 * 1024)  # 20 MiB: an upstream multipart upload of 16 MiB parts
+        big = bytes(range(256)) * (80 * 1024)  # 20 MiB: an upstream multipart upload of 8 MiB parts
         alice_a.put_object(Bucket="weedkv", Key="big.bin", Body=big)
         assert alice_b.get_object(Bucket="weedkv", Key="big.bin")["Body"].read() == big
         assert alice_b.get_object(Bucket="weedkv", Key="big.bin", Range="bytes=100-199")["Body"].read() == big[100:200]

@@ -74,39 +74,48 @@ def stored(bucket: str, key: str, resp: dict[str, Any]) -> Stored:
 
 
 class PartCutter:
-    """Cuts a body into pieces of exactly ``size`` bytes (the last one shorter), digesting everything it reads.
+    """Cuts a body into parts of at least ``size`` bytes at the body's own piece boundaries, digesting everything it reads.
 
-    Holds at most one piece (and what the next read brought) in memory, so a body of any length
-    streams upstream in bounded memory.
+    S3 parts may differ in size (all but the last at least 5 MiB), so a part is whole
+    pieces joined once: one copy, at most one part plus one piece of read-ahead in memory
+    (the read-ahead tells whether the body ends with this part).
     """
 
     def __init__(self, body: BodyStream, size: int, digester: Digester) -> None:
         self._it = aiter(body)
         self.size, self.d = size, digester
-        self._buf = bytearray()
+        self._pieces: list[bytes] = []
+        self._held = 0
         self.ended = False
 
+    async def _read(self) -> bool:
+        try:
+            piece = await anext(self._it)
+        except StopAsyncIteration:
+            self.ended = True
+            return False
+        self.d.update(piece)
+        if self.d.size > MAX_PUT_SIZE:
+            raise S3Error(ErrorCode.EntityTooLarge, extra={"MaxSizeAllowed": str(MAX_PUT_SIZE)})
+        if piece:
+            self._pieces.append(piece)
+            self._held += len(piece)
+        return True
+
     async def next(self) -> bytes | None:
-        """The next piece, or None once the body is exhausted."""
-        while not self.ended and len(self._buf) <= self.size:  # one byte past a piece tells whether the body ends there
-            try:
-                piece = await anext(self._it)
-            except StopAsyncIteration:
-                self.ended = True
-                break
-            self.d.update(piece)
-            self._buf += piece
-            if self.d.size > MAX_PUT_SIZE:
-                raise S3Error(ErrorCode.EntityTooLarge, extra={"MaxSizeAllowed": str(MAX_PUT_SIZE)})
-        if not self._buf and self.ended:
+        """The next part, or None once the body is exhausted."""
+        while not self.ended and self._held < self.size:
+            await self._read()
+        if not self._pieces:
             return None
-        out = bytes(self._buf[: self.size])
-        del self._buf[: self.size]
-        return out
+        part, self._pieces, self._held = b"".join(self._pieces), [], 0
+        if not self.ended:
+            await self._read()  # read-ahead: does the body end with this part?
+        return part
 
     @property
     def exhausted(self) -> bool:
-        return self.ended and not self._buf
+        return self.ended and not self._pieces
 
 
 class UpstreamReader(ObjectReader):
