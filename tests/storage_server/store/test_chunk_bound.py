@@ -8,6 +8,7 @@ from pathlib import Path
 
 from protocol.config import load_config
 from storage_server.store import PutSpec, open_chunk_source, open_object_store
+from storage_server.store.cache.chunk_files import ChunkFiles
 from storage_server.store.cache.lru import LruPolicy
 
 CHUNK = 64
@@ -61,3 +62,22 @@ def test_the_local_store_keeps_at_most_max_bytes_of_chunks_and_never_evicts_plai
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_chunk_cache_keeps_whole_files_drops_torn_ones_and_honours_a_smaller_bound(tmp_path: Path):
+    files = ChunkFiles(tmp_path, max_bytes=10 * CHUNK)
+    for i in range(4):
+        assert files.reserve(CHUNK)
+        tmp = files.new_tmp()
+        tmp.write_bytes(bytes([i]) * CHUNK)
+        files.commit(f"{i:02d}" * 20, tmp, CHUNK)
+    torn = files.path("ff" * 20, CHUNK)
+    torn.parent.mkdir(exist_ok=True)
+    torn.write_bytes(b"short")  # a crash before the whole chunk was written
+    (files.tmp / "partial").write_bytes(b"x")
+    again = ChunkFiles(tmp_path, max_bytes=10 * CHUNK)
+    assert again.status()["chunks"] == 4 and again.status()["bytes"] == 4 * CHUNK
+    assert not torn.exists() and not (files.tmp / "partial").exists()
+    assert again.path("03" * 20, CHUNK).read_bytes() == bytes([3]) * CHUNK
+    smaller = ChunkFiles(tmp_path, max_bytes=2 * CHUNK)
+    assert smaller.status()["bytes"] == 2 * CHUNK and smaller.status()["evicted"] == 2
