@@ -50,6 +50,12 @@ def _write(path: Path, pieces: list[bytes]) -> None:
             f.write(p)
 
 
+def _open_all(paths: list[Path], fds: list[int]) -> None:
+    """Open every path read-only, appending to ``fds`` as it goes (so the caller closes what was opened if one fails)."""
+    for path in paths:
+        fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+
+
 class S3ChunkSource(ChunkSource):
     def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int) -> None:
         self.store, self.up = store, store.up
@@ -177,10 +183,15 @@ class S3ChunkSource(ChunkSource):
                     raise r
             self.files.policy.touch_chain(cids)
             sizes = [self.files.size(c) for c in cids]
-            for key, cid, size in zip(keys, cids, sizes):
+            for key, size in zip(keys, sizes):
                 if size is None:
                     raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key})
-                fds.append(os.open(self.files.path(cid, size), os.O_RDONLY | os.O_CLOEXEC))
+            paths = [self.files.path(c, s) for c, s in zip(cids, sizes)]  # type: ignore[arg-type]
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, _open_all, paths, fds)  # thousands of opens: off the loop
+            except FileNotFoundError:  # dropped by a delete or overwrite through this process meanwhile
+                key = keys[len(fds)]
+                raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
         except BaseException:
             for fd in fds:
                 os.close(fd)
