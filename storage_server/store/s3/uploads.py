@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from .store import S3Store
 
 _RECORDS = RESERVED + "uploads/"
+_NATIVE = ("CRC32", "CRC32C", "SHA1", "SHA256", "CRC64NVME")  # checksums the S3 API carries per part
+
+
+def _algorithm(spec: PutSpec) -> str | None:
+    """The one checksum algorithm an upload declares, if the upstream can keep it per part."""
+    algs = [a for a in spec.checksum_algorithms if a in _NATIVE]
+    return algs[0] if algs else None
 
 
 def _record_key(upload_id: str) -> str:
@@ -47,8 +54,9 @@ class UploadOps:
 
     async def create_upload(self: "S3Store", bucket: str, key: str, spec: PutSpec, owner: str) -> UploadInfo:
         check_key(bucket, key)
+        alg = _algorithm(spec)
         resp = await self.up.call("create_multipart_upload", Bucket=bucket, Key=key, missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
-                                  **put_args(spec, owner, {}, spec.immutable))
+                                  **put_args(spec, owner, {}, spec.immutable), **({"ChecksumAlgorithm": alg} if alg else {}))
         info = UploadInfo(resp["UploadId"], bucket, key, time.time(), owner, spec)
         record = {"key": key, "owner": owner, "initiated": info.initiated, "spec": _spec_json(spec)}
         await self.up.call("put_object", Bucket=bucket, Key=_record_key(info.upload_id), Body=json.dumps(record).encode(),
@@ -78,8 +86,10 @@ class UploadOps:
         if not cutter.exhausted:
             raise S3Error(ErrorCode.EntityTooLarge, f"Parts larger than {self.cfg.part_bytes} bytes are not accepted by this gateway.")
         verify_received(spec, d)
+        alg = _algorithm(upload.spec)
+        native = {f"Checksum{alg}": d.checksum_values()[alg]} if alg else {}  # kept by the upstream for the composite
         resp = await self.up.call("upload_part", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, PartNumber=part_number,
-                                  Body=data, missing=ErrorCode.NoSuchUpload, resource=f"/{upload.bucket}/{upload.key}")
+                                  Body=data, missing=ErrorCode.NoSuchUpload, resource=f"/{upload.bucket}/{upload.key}", **native)
         return PartInfo(part_number, d.size, resp["ETag"], time.time(), d.checksum_values())
 
     async def upload_part_copy(self: "S3Store", upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo:
@@ -96,7 +106,8 @@ class UploadOps:
         while len(parts) < limit:
             resp = await self.up.call("list_parts", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, PartNumberMarker=marker,
                                       MaxParts=min(1000, limit - len(parts)), missing=ErrorCode.NoSuchUpload)
-            parts += [PartInfo(int(p["PartNumber"]), int(p["Size"]), p["ETag"], p["LastModified"].timestamp()) for p in resp.get("Parts", [])]
+            parts += [PartInfo(int(p["PartNumber"]), int(p["Size"]), p["ETag"], p["LastModified"].timestamp(),
+                               {a: p[f"Checksum{a}"] for a in _NATIVE if p.get(f"Checksum{a}")}) for p in resp.get("Parts", [])]
             if not resp.get("IsTruncated") or not resp.get("Parts"):
                 break
             marker = int(resp["NextPartNumberMarker"])
@@ -110,7 +121,8 @@ class UploadOps:
         chosen = [p for p, _ in select_parts(upload, parts, stored)]
         meta = completed_meta(upload, chosen, time.time())
         resp = await self.up.call("complete_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id,
-                                  MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag} for p in chosen]},
+                                  MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
+                                                              **{f"Checksum{a}": v for a, v in p.checksums.items()}} for p in chosen]},
                                   missing=ErrorCode.NoSuchUpload)
         await self._forget_upload(upload)
         self._changed(upload.bucket, [upload.key])
