@@ -79,10 +79,11 @@ _shared: list[MotoServer] = []
 
 
 def shared_moto(log_dir: Path) -> MotoServer:
-    """One moto server for the session (started on first use, stopped at exit)."""
+    """One moto server for the session (started on first use, stopped and its log removed at exit)."""
     if not _shared or _shared[0].proc is None or _shared[0].proc.poll() is not None:
-        _shared[:] = [MotoServer(log_dir / f"moto-{os.getpid()}-{time.monotonic_ns()}.log").start()]
-        atexit.register(_shared[0].stop)
+        moto = MotoServer(log_dir / f"moto-{os.getpid()}-{time.monotonic_ns()}.log").start()
+        _shared[:] = [moto]
+        atexit.register(lambda: (moto.stop(), moto.log.unlink(missing_ok=True)))
     return _shared[0]
 
 
