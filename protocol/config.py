@@ -32,7 +32,7 @@ ENV_PREFIX = "OBJECTCACHE_"
 # configuration, or secrets shorter than this, are refused there (loopback-only is exempt).
 PLACEHOLDER_MARK = "REPLACE_WITH"
 MIN_EXPOSED_SECRET_CHARS = 16
-STORE_BACKENDS = ("local",)
+STORE_BACKENDS = ("local", "s3")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -137,15 +137,61 @@ class LocalStoreConfig(Section):
 
 
 @dataclass(frozen=True)
+class S3StoreConfig(Section):
+    """``[store.s3]``: the upstream S3-compatible store the ``s3`` backend fronts."""
+
+    # Empty means AWS's own endpoint for ``region``.
+    endpoint_url: str = ""
+    region: str = "us-east-1"
+    # Empty keys fall back to the usual AWS credential chain (environment, profile, instance role).
+    access_key: str = ""
+    secret_key: str = ""
+    # Pooled connections to the upstream, per process.
+    max_connections: int = 64
+    # Attempts per upstream request (exponential backoff with jitter between them); then 503.
+    max_attempts: int = 3
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    # Bodies above this go upstream as a multipart upload of parts this size (bounds memory per stream);
+    # also the largest part a client may send (aws-cli and boto3 send 8 MiB parts).
+    part_bytes: int = 8 * 1024 * 1024
+
+    def validate(self) -> None:
+        self.require(self.max_connections >= 1, "max_connections", "must be at least 1")
+        self.require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
+        self.require(self.connect_timeout_s > 0, "connect_timeout_s", "must be positive")
+        self.require(self.read_timeout_s > 0, "read_timeout_s", "must be positive")
+        self.require(5 * 1024 * 1024 <= self.part_bytes <= 5 * 1024**3, "part_bytes", "must be within S3's part sizes (5 MiB..5 GiB)")
+        self.require(bool(self.access_key) == bool(self.secret_key), "secret_key", "access_key and secret_key go together")
+
+
+@dataclass(frozen=True)
 class StoreConfig(Section):
     backend: str = "local"
-    # The local-disk store's directory; also where the RPC socket and dev credentials live.
+    # The local-disk store's directory; also where the RPC socket and dev credentials live
+    # (and, with the s3 backend, the chunk cache).
     data_dir: str = "./data"
     local: LocalStoreConfig = field(default_factory=LocalStoreConfig)
+    s3: S3StoreConfig = field(default_factory=S3StoreConfig)
 
     def validate(self) -> None:
         self.require(self.backend in STORE_BACKENDS, "backend",
                      f"unknown backend {self.backend!r} (supported: {', '.join(STORE_BACKENDS)})")
+
+
+@dataclass(frozen=True)
+class CacheConfig(Section):
+    """KV chunk bytes one node keeps: the s3 backend's local chunk cache, the local backend's chunk objects."""
+
+    # Bytes of chunk data kept on this node (metadata not counted); least recently used
+    # chunks that no transfer has pinned go first, tails of a prefix before its head.
+    max_bytes: int = 100 * 1024**3
+    # Chunks one kv-get fetches from the upstream at once (s3 backend).
+    fetch_concurrency: int = 16
+
+    def validate(self) -> None:
+        self.require(self.max_bytes >= 1, "max_bytes", "must be at least 1")
+        self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -257,6 +303,7 @@ class MetricsConfig(Section):
 class Config(Section):
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
     log: LogConfig = field(default_factory=LogConfig)

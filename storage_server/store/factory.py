@@ -36,10 +36,24 @@ def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     assert isinstance(store, LocalDiskStore)
     # Chunk files kept open between transfers, bounded by half the process's file limit.
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
-    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit))
+    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit), config.cache.max_bytes)
 
 
-BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks)}
+def _s3_store(config: Config) -> ObjectStore:
+    from .s3.store import S3Store
+
+    return S3Store(config.store.s3)
+
+
+def _s3_chunks(config: Config, store: ObjectStore) -> ChunkSource:
+    from .s3.chunks import S3ChunkSource
+    from .s3.store import S3Store
+
+    assert isinstance(store, S3Store)
+    return S3ChunkSource(store, config.data_dir / "chunk-cache", config.cache.max_bytes, config.cache.fetch_concurrency)
+
+
+BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks), "s3": Backend(_s3_store, _s3_chunks)}
 
 
 def _backend(config: Config) -> Backend:

@@ -11,15 +11,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from protocol.checksums import composite_checksum
+from protocol.checksums import Digester, composite_checksum, verify_digests
 from protocol.errors import ErrorCode, S3Error
 
-from .object_store import ObjectMeta, PartInfo, UploadInfo
+from .object_store import ObjectMeta, PartInfo, PutSpec, UploadInfo
 
 MIN_PART_SIZE = 5 * 1024**2
 MAX_PUT_SIZE = 5 * 1024**3
 
 T = TypeVar("T")
+
+
+# -- received bodies ---------------------------------------------------------------------------
+
+def verify_received(spec: PutSpec, d: Digester) -> None:
+    """Size, Content-MD5 and checksums (trailing ones too) against what was received."""
+    if spec.expected_size is not None and d.size != spec.expected_size:
+        raise S3Error(ErrorCode.IncompleteBody)
+    expected = dict(spec.expected_checksums)
+    if spec.late_checksums is not None:
+        expected.update(spec.late_checksums())
+    verify_digests(d, spec.expected_md5, expected)
 
 
 # -- immutable KV chunks ---------------------------------------------------------------------

@@ -23,10 +23,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from protocol.checksums import Digester, verify_digests
+from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
 from ..object_store import BodyStream, PutSpec
+from ..rules import verify_received as verify
 
 WRITE_BUFFER = 1 << 20
 
@@ -61,16 +62,6 @@ def fsync_dir(d: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def verify(spec: PutSpec, d: Digester) -> None:
-    """Size, Content-MD5 and checksums (trailing ones too) against what was received."""
-    if spec.expected_size is not None and d.size != spec.expected_size:
-        raise S3Error(ErrorCode.IncompleteBody)
-    expected = dict(spec.expected_checksums)
-    if spec.late_checksums is not None:
-        expected.update(spec.late_checksums())
-    verify_digests(d, spec.expected_md5, expected)
 
 
 class BlobFiles:

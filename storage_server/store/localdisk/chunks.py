@@ -1,9 +1,16 @@
-"""The local-disk store as a chunk source: chunk files pinned through a shared open-file cache.
+"""The local-disk store as a chunk source: chunk files pinned through a shared open-file cache, bounded by ``cache.max_bytes``.
 
 Pinning a chunk takes a reference on its open file descriptor (opened once,
 kept between transfers; see :mod:`storage_server.store.localdisk.open_files`). A delete
 or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
+
+KV chunk objects (immutable, written by kv-put) are capacity the node may give back:
+above ``max_bytes`` of them, the least recently used unpinned ones are deleted, the
+tail of a prefix before its head (:class:`~storage_server.store.cache.lru.LruPolicy`).
+Plain user objects are never evicted and never counted. The policy starts from the
+index (oldest written first); chunks deleted through the gateway are forgotten at the
+next restart, until then they only make the bound stricter.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import functools
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
+from ..cache.lru import LruPolicy
 from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
 from ..object_store import PutSpec
 from .open_files import MissingFile, OpenFileCache
@@ -22,10 +30,20 @@ from .store import LocalDiskStore
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
 
 
+def _name(bucket: str, key: str) -> str:
+    return f"{bucket}\0{key}"
+
+
 class LocalDiskChunkSource(ChunkSource):
-    def __init__(self, store: LocalDiskStore, open_files: int) -> None:
+    def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int) -> None:
         self.store = store
         self.files = OpenFileCache(open_files)
+        self.max_bytes = max_bytes
+        self.lru = LruPolicy()
+        for bucket, key, size in store.index.chunk_objects():
+            self.lru.add(_name(bucket, key), size)
+        self.evicted = 0
+        self._trimming: asyncio.Task | None = None
 
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
         found = await self.store.locate(bucket, keys)
@@ -33,28 +51,70 @@ class LocalDiskChunkSource(ChunkSource):
 
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
         metas = await self.store.put_many(bucket, [(key, data, CHUNK_SPEC) for key, data in items], owner)
+        for m in reversed(metas):  # the head of the prefix is added last: the newest
+            self.lru.add(_name(bucket, m.key), m.size)
+        await self._trim()
         return [m.etag for m in metas]
+
+    async def _trim(self) -> None:
+        """Delete least recently used unpinned chunks until within ``max_bytes`` (or only pinned ones are left)."""
+        need = self.lru.used - self.max_bytes
+        if need <= 0:
+            return
+        by_bucket: dict[str, list[str]] = {}
+        for name in self.lru.victims(need, partial=True) or []:
+            self.lru.remove(name)
+            bucket, key = name.split("\0", 1)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            try:
+                await self.store.delete_many(bucket, keys)
+            except S3Error as e:
+                if e.code != ErrorCode.NoSuchBucket:
+                    raise
+            self.evicted += len(keys)
 
     async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
         found = await self.store.locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
                 raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
+        names = [_name(bucket, k) for k in keys]
+        self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
         paths = [loc[0] for loc in found]  # type: ignore[index]
         try:
             fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths)
         except MissingFile as e:
+            self.lru.unpin(names)
             key = keys[e.index]
             raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
+        except BaseException:
+            self.lru.unpin(names)
+            raise
+        self.lru.touch_chain(names)
         handles = [ChunkHandle(fd, 0, loc[1]) for fd, loc in zip(fds, found)]  # type: ignore[index]
-        return PinnedChunks(handles, functools.partial(self.files.release, paths))
+        return PinnedChunks(handles, functools.partial(self._release, paths, names))
+
+    def _release(self, paths: list[str], names: list[str]) -> None:
+        self.files.release(paths)
+        self.lru.unpin(names)
+        if self.lru.used > self.max_bytes and (self._trimming is None or self._trimming.done()):
+            try:
+                self._trimming = asyncio.get_running_loop().create_task(self._trim())
+            except RuntimeError:
+                pass  # released off the loop: the next put trims
 
     async def housekeeping(self) -> dict[str, int]:
         closed = await asyncio.get_running_loop().run_in_executor(None, self.files.sweep)
+        await self._trim()
         return {"closed_fds_of_deleted_chunks": closed}
 
     def status(self) -> dict[str, object]:
-        return {"open_file_cache": self.files.status()}
+        return {"open_file_cache": self.files.status(),
+                "chunk_bytes": {"bytes": self.lru.used, "max_bytes": self.max_bytes, "chunks": len(self.lru),
+                                "pinned_bytes": self.lru.pinned_bytes, "evicted": self.evicted}}
 
     async def close(self) -> None:
+        if self._trimming is not None:
+            await asyncio.gather(self._trimming, return_exceptions=True)
         self.files.close()

@@ -283,6 +283,11 @@ class MetadataIndex:
                 found[k] = (path, size)
         return [found.get(k) for k in encoded]
 
+    def chunk_objects(self) -> list[tuple[str, str, int]]:
+        """Every immutable KV chunk as (bucket, key, size), oldest written first: what the chunk bound starts from."""
+        rows = self.db.execute("SELECT bucket, key, size FROM objects WHERE immutable=1 ORDER BY mtime")
+        return [(b, k.decode() if isinstance(k, bytes) else k, size) for b, k, size in rows]
+
     def referenced_names(self) -> set[str]:
         """The file names object rows point at."""
         return {path.rsplit("/", 1)[-1] for (path,) in self.db.execute("SELECT path FROM objects")}

@@ -22,9 +22,9 @@ from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
 from ..object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectReader, ObjectStore, PartInfo, PutSpec, UploadInfo
-from ..rules import MAX_PUT_SIZE, completed_meta, select_parts
+from ..rules import MAX_PUT_SIZE, completed_meta, select_parts, verify_received
 from . import cleanup
-from .blobs import WRITE_BUFFER, BlobFiles, verify
+from .blobs import WRITE_BUFFER, BlobFiles
 from .index import MetadataIndex, Published
 
 T = TypeVar("T")
@@ -107,7 +107,7 @@ class LocalDiskStore(ObjectStore):
         for key, data, spec in items:
             d = Digester(set(spec.checksum_algorithms) | set(spec.expected_checksums))
             d.update(data)
-            verify(spec, d)
+            verify_received(spec, d)
             metas.append((_meta(bucket, key, d, spec, owner, now), spec.immutable))
         tmps = self.blobs.write_batch([data for _, data, _ in items])
         try:

@@ -23,13 +23,13 @@ async def code_of(aw) -> ErrorCode:
 
 def test_longest_prefix_counts_leading_stored_keys(opened):
     async def scenario(store, chunks):
-        await store.create_bucket("kv", "alice", "us-east-1")
+        await store.create_bucket("kvs", "alice", "us-east-1")
         keys = [f"m/{i}" for i in range(6)]
-        assert await chunks.longest_prefix("kv", keys) == 0
-        await chunks.put_chunks("kv", [(k, memoryview(chunk(i))) for i, k in enumerate(keys[:4])], "alice")
-        assert await chunks.longest_prefix("kv", keys) == 4
-        assert await chunks.longest_prefix("kv", keys[:3]) == 3
-        assert await chunks.longest_prefix("kv", ["m/missing", *keys]) == 0
+        assert await chunks.longest_prefix("kvs", keys) == 0
+        await chunks.put_chunks("kvs", [(k, memoryview(chunk(i))) for i, k in enumerate(keys[:4])], "alice")
+        assert await chunks.longest_prefix("kvs", keys) == 4
+        assert await chunks.longest_prefix("kvs", keys[:3]) == 3
+        assert await chunks.longest_prefix("kvs", ["m/missing", *keys]) == 0
         assert await code_of(chunks.longest_prefix("nope", keys)) == ErrorCode.NoSuchBucket
 
     opened(scenario)
@@ -37,21 +37,21 @@ def test_longest_prefix_counts_leading_stored_keys(opened):
 
 def test_put_chunks_is_idempotent_for_identical_bytes_and_refuses_different_ones(opened):
     async def scenario(store, chunks):
-        await store.create_bucket("kv", "alice", "us-east-1")
-        etags = await chunks.put_chunks("kv", [("k", memoryview(chunk(1)))], "alice")
-        assert await chunks.put_chunks("kv", [("k", memoryview(chunk(1)))], "alice") == etags
-        assert await code_of(chunks.put_chunks("kv", [("k", memoryview(chunk(2)))], "alice")) == ErrorCode.InvalidRequest
-        assert (await store.head_object("kv", "k")).etag == etags[0]  # chunks are ordinary objects too
+        await store.create_bucket("kvs", "alice", "us-east-1")
+        etags = await chunks.put_chunks("kvs", [("k", memoryview(chunk(1)))], "alice")
+        assert await chunks.put_chunks("kvs", [("k", memoryview(chunk(1)))], "alice") == etags
+        assert await code_of(chunks.put_chunks("kvs", [("k", memoryview(chunk(2)))], "alice")) == ErrorCode.InvalidRequest
+        assert (await store.head_object("kvs", "k")).etag == etags[0]  # chunks are ordinary objects too
 
     opened(scenario)
 
 
 def test_pinned_chunks_read_back_exactly_what_was_put(opened):
     async def scenario(store, chunks):
-        await store.create_bucket("kv", "alice", "us-east-1")
+        await store.create_bucket("kvs", "alice", "us-east-1")
         keys = [f"m/{i}" for i in range(5)]
-        await chunks.put_chunks("kv", [(k, memoryview(chunk(i))) for i, k in enumerate(keys)], "alice")
-        pinned = await chunks.pin("kv", keys[::-1])
+        await chunks.put_chunks("kvs", [(k, memoryview(chunk(i))) for i, k in enumerate(keys)], "alice")
+        pinned = await chunks.pin("kvs", keys[::-1])
         try:
             assert [os.pread(h.fd, h.size, h.offset) for h in pinned.handles] == [chunk(i) for i in reversed(range(5))]
         finally:
@@ -63,10 +63,10 @@ def test_pinned_chunks_read_back_exactly_what_was_put(opened):
 
 def test_pin_names_the_first_missing_key_and_pins_nothing(opened):
     async def scenario(store, chunks):
-        await store.create_bucket("kv", "alice", "us-east-1")
-        await chunks.put_chunks("kv", [("a", memoryview(chunk(1)))], "alice")
+        await store.create_bucket("kvs", "alice", "us-east-1")
+        await chunks.put_chunks("kvs", [("a", memoryview(chunk(1)))], "alice")
         with pytest.raises(S3Error) as e:
-            await chunks.pin("kv", ["a", "b", "c"])
+            await chunks.pin("kvs", ["a", "b", "c"])
         assert e.value.code == ErrorCode.NoSuchKey and e.value.extra["Key"] == "b"
 
     opened(scenario)
@@ -74,13 +74,13 @@ def test_pin_names_the_first_missing_key_and_pins_nothing(opened):
 
 def test_a_pinned_chunk_keeps_its_bytes_while_it_is_deleted_or_replaced(opened):
     async def scenario(store, chunks):
-        await store.create_bucket("kv", "alice", "us-east-1")
-        await chunks.put_chunks("kv", [("gone", memoryview(chunk(7))), ("plain", memoryview(chunk(8)))], "alice")
-        pinned = await chunks.pin("kv", ["gone", "plain"])
+        await store.create_bucket("kvs", "alice", "us-east-1")
+        await chunks.put_chunks("kvs", [("gone", memoryview(chunk(7))), ("plain", memoryview(chunk(8)))], "alice")
+        pinned = await chunks.pin("kvs", ["gone", "plain"])
         try:
-            await store.delete_many("kv", ["gone", "plain"])
-            assert await chunks.longest_prefix("kv", ["gone"]) == 0
-            await chunks.put_chunks("kv", [("plain", memoryview(chunk(9)))], "alice")  # a new chunk under the old key
+            await store.delete_many("kvs", ["gone", "plain"])
+            assert await chunks.longest_prefix("kvs", ["gone"]) == 0
+            await chunks.put_chunks("kvs", [("plain", memoryview(chunk(9)))], "alice")  # a new chunk under the old key
             assert [os.pread(h.fd, h.size, h.offset) for h in pinned.handles] == [chunk(7), chunk(8)]
         finally:
             pinned.release()

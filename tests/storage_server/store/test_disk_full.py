@@ -38,7 +38,7 @@ def test_the_store_answers_insufficient_storage_and_keeps_nothing_partial(tmp_pa
     with small_filesystem(tmp_path / "small", "2m") as root:
         async def scenario():
             store = LocalDiskStore(root / "data", io_threads=2)
-            chunks = LocalDiskChunkSource(store, 64)
+            chunks = LocalDiskChunkSource(store, 64, 1 << 30)
             try:
                 await store.create_bucket("b", "t", "us-east-1")
                 for attempt in (store.put_object("b", "big", body(os.urandom(3 << 20)), PutSpec(), "t"),

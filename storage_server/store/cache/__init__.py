@@ -1,0 +1,1 @@
+"""Bounded KV chunk capacity on one node: the pure eviction policy and the on-disk chunk cache."""

@@ -1,0 +1,110 @@
+"""A directory of cached chunk files that never holds more than ``max_bytes`` of chunk data.
+
+Each chunk is one file ``<xx>/<id>.<size>``: ``id`` names (bucket incarnation, key),
+``size`` lets a restarted cache rebuild its index from a directory listing alone
+(a file whose length differs from its name is a torn write and is removed) without
+refetching anything. Files are written under ``tmp/`` and renamed, so a name always
+holds whole bytes; the upstream holds the durable copy, so nothing is fsync'd.
+
+Space is *reserved* before a file is written; a reservation evicts unpinned entries
+(see :class:`~.lru.LruPolicy`) until used + reserved + new <= ``max_bytes``, or fails.
+Pinned entries are never chosen; a chunk a transfer holds stays readable even if it is
+invalidated, because the transfer reads it through an open descriptor. Accounting is
+single-threaded (the event loop); only file writes run in threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from .lru import LruPolicy
+
+
+def chunk_id(bucket_id: str, key: str) -> str:
+    return hashlib.sha256(f"{bucket_id}\0{key}".encode()).hexdigest()[:40]
+
+
+class ChunkFiles:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root, self.max_bytes = root, max_bytes
+        self.tmp = root / "tmp"
+        shutil.rmtree(self.tmp, ignore_errors=True)  # writes a crash interrupted
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.policy = LruPolicy()
+        self.reserved = 0
+        self.evicted = 0
+        self._rebuild()
+
+    def path(self, cid: str, size: int) -> Path:
+        return self.root / cid[:2] / f"{cid}.{size}"
+
+    def _rebuild(self) -> None:
+        """The index from the directory: oldest-written first (access order is not kept across restarts)."""
+        found: list[tuple[float, str, int]] = []
+        for sub in self.root.iterdir():
+            if sub == self.tmp or not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                cid, _, size = f.name.partition(".")
+                st = f.stat()
+                if not size.isdigit() or st.st_size != int(size):
+                    f.unlink(missing_ok=True)
+                    continue
+                found.append((st.st_mtime, cid, int(size)))
+        for _, cid, size in sorted(found):
+            self.policy.add(cid, size)
+        self._evict(self.policy.used - self.max_bytes)  # max_bytes may have shrunk since
+
+    def size(self, cid: str) -> int | None:
+        return self.policy.size(cid)
+
+    def _evict(self, need: int) -> bool:
+        if need <= 0:
+            return True
+        victims = self.policy.victims(need)
+        if victims is None:
+            return False
+        for cid in victims:
+            self.drop(cid)
+            self.evicted += 1
+        return True
+
+    def reserve(self, nbytes: int) -> bool:
+        """Room for ``nbytes`` more, evicting unpinned chunks as needed; False (nothing evicted) if pinned chunks leave no room."""
+        if nbytes > self.max_bytes or not self._evict(self.policy.used + self.reserved + nbytes - self.max_bytes):
+            return False
+        self.reserved += nbytes
+        return True
+
+    def unreserve(self, nbytes: int) -> None:
+        self.reserved -= nbytes
+
+    def new_tmp(self) -> Path:
+        return self.tmp / uuid.uuid4().hex
+
+    def commit(self, cid: str, tmp: Path, size: int) -> Path:
+        """A written temp file (its space reserved) becomes the cached chunk ``cid``, newest."""
+        self.reserved -= size
+        old = self.policy.size(cid)
+        if old is not None:
+            self.drop(cid)
+        final = self.path(cid, size)
+        final.parent.mkdir(exist_ok=True)
+        os.rename(tmp, final)
+        self.policy.add(cid, size)
+        return final
+
+    def drop(self, cid: str) -> None:
+        """Forget and unlink ``cid`` (a transfer holding it keeps reading through its descriptor)."""
+        size = self.policy.size(cid)
+        if size is not None:
+            self.policy.remove(cid)
+            self.path(cid, size).unlink(missing_ok=True)
+
+    def status(self) -> dict[str, int]:
+        return {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy), "reserved": self.reserved,
+                "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted}

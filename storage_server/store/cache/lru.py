@@ -1,0 +1,81 @@
+"""Which cached chunks to evict: least recently used first, never a pinned one, the tail of a prefix before its head.
+
+A pure policy (no I/O, no clock), after LMCache's ``cache_policy/lru.py``. A prefix is
+only useful from its head: a lookup counts *leading* chunks, so evicting a head makes
+every chunk behind it dead weight. Touching a chain therefore moves its chunks to the
+most-recently-used end in reverse order: the head ends up newest, the tail oldest, and
+eviction eats prefixes from the back. Pinned chunks (held by a transfer) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class LruPolicy:
+    def __init__(self) -> None:
+        self._sizes: OrderedDict[str, int] = OrderedDict()  # oldest first
+        self._pins: dict[str, int] = {}
+        self.used = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def size(self, key: str) -> int | None:
+        return self._sizes.get(key)
+
+    def add(self, key: str, size: int) -> None:
+        """A new entry, newest (replacing one of the same key)."""
+        self.remove(key)
+        self._sizes[key] = size
+        self.used += size
+
+    def touch_chain(self, keys: Iterable[str]) -> None:
+        """``keys`` in prefix order were used together: the head becomes the newest, the tail the oldest of them."""
+        for key in reversed(list(keys)):
+            if key in self._sizes:
+                self._sizes.move_to_end(key)
+
+    def pin(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._pins[key] = self._pins.get(key, 0) + 1
+
+    def unpin(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            n = self._pins.get(key, 0) - 1
+            if n > 0:
+                self._pins[key] = n
+            else:
+                self._pins.pop(key, None)
+
+    def pinned(self, key: str) -> bool:
+        return key in self._pins
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(self._sizes.get(k, 0) for k in self._pins)
+
+    def remove(self, key: str) -> int:
+        """Forget ``key`` (pinned or not); its size, 0 if it was not there."""
+        size = self._sizes.pop(key, 0)
+        self.used -= size
+        return size
+
+    def victims(self, need: int, partial: bool = False) -> list[str] | None:
+        """Unpinned entries, oldest first, whose sizes add up to at least ``need``.
+
+        If even all of them are not enough: None, or with ``partial`` all of them.
+        """
+        out: list[str] = []
+        freed = 0
+        for key, size in self._sizes.items():
+            if freed >= need:
+                break
+            if key not in self._pins:
+                out.append(key)
+                freed += size
+        return out if freed >= need or partial else None

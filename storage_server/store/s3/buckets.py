@@ -1,0 +1,139 @@
+"""What ObjectCache remembers about an upstream bucket, kept in the bucket itself so every node sees it.
+
+A bucket's owning tenant, its region and its incarnation id live in the object
+``.objectcache/bucket.json`` inside the bucket. An object rather than bucket tags:
+every S3-compatible store (AWS, MinIO, Ceph RGW, SeaweedFS, moto) implements objects
+the same way, tags far less uniformly; a conditional ``PUT If-None-Match: *`` makes
+claiming a bucket atomic across nodes; and the marker disappears with the bucket. Keys
+under ``.objectcache/`` are reserved: hidden from listings, refused to tenants.
+
+An upstream bucket without a marker is not an ObjectCache bucket (NoSuchBucket) until a
+tenant creates it through ObjectCache, which claims it. Records are cached per process
+for :data:`TTL_S`, so an ownership check costs an upstream GET at most that often; a
+bucket deleted through another node may be seen that much later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from protocol.errors import ErrorCode, S3Error
+
+from ..object_store import BucketInfo
+from .upstream import Upstream
+
+RESERVED = ".objectcache/"
+MARKER = RESERVED + "bucket.json"
+TTL_S = 5.0
+_LIST_CONCURRENCY = 16
+
+
+def is_reserved(key: str) -> bool:
+    return key.startswith(RESERVED)
+
+
+def check_key(bucket: str, key: str) -> None:
+    """A tenant may not write under the reserved prefix."""
+    if is_reserved(key):
+        raise S3Error(ErrorCode.InvalidArgument, f"Keys under {RESERVED!r} are reserved by ObjectCache.", resource=f"/{bucket}/{key}")
+
+
+@dataclass(frozen=True)
+class BucketRecord:
+    owner: str
+    region: str
+    created: float
+    id: str  # this incarnation: a bucket deleted and created again is another bucket to the chunk cache
+
+    def info(self, name: str) -> BucketInfo:
+        return BucketInfo(name, self.owner, self.created, self.region)
+
+
+class BucketMarkers:
+    def __init__(self, upstream: Upstream) -> None:
+        self.up = upstream
+        self._cache: dict[str, tuple[BucketRecord, float]] = {}
+
+    async def _read(self, name: str) -> BucketRecord | None:
+        """The marker (None if the bucket has none); NoSuchBucket if the upstream has no such bucket."""
+        try:
+            resp = await self.up.call("get_object", Bucket=name, Key=MARKER, missing=ErrorCode.NoSuchKey, resource=f"/{name}")
+            data = await resp["Body"].read()
+        except S3Error as e:
+            if e.code == ErrorCode.NoSuchKey:
+                return None
+            raise
+        raw = json.loads(data)
+        return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]))
+
+    async def get(self, name: str) -> BucketRecord:
+        hit = self._cache.get(name)
+        if hit is not None and hit[1] > time.monotonic():
+            return hit[0]
+        rec = await self._read(name)
+        if rec is None:
+            raise S3Error(ErrorCode.NoSuchBucket, resource=f"/{name}", extra={"BucketName": name})
+        self._cache[name] = (rec, time.monotonic() + TTL_S)
+        return rec
+
+    @staticmethod
+    def _taken(name: str, rec: BucketRecord, owner: str) -> S3Error:
+        code = ErrorCode.BucketAlreadyOwnedByYou if rec.owner == owner else ErrorCode.BucketAlreadyExists
+        return S3Error(code, resource=f"/{name}", extra={"BucketName": name})
+
+    async def create(self, name: str, owner: str, region: str, upstream_region: str) -> None:
+        where = {} if upstream_region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": upstream_region}}
+        try:
+            await self.up.call("create_bucket", Bucket=name, resource=f"/{name}", **where)
+        except S3Error as e:
+            if e.code not in (ErrorCode.BucketAlreadyOwnedByYou, ErrorCode.BucketAlreadyExists):
+                raise
+            try:
+                existing = await self._read(name)
+            except S3Error:
+                raise e from None  # someone else's bucket at the upstream
+            if existing is not None:
+                raise self._taken(name, existing, owner) from None
+        await self.claim(name, BucketRecord(owner, region, time.time(), uuid.uuid4().hex))
+
+    async def claim(self, name: str, rec: BucketRecord) -> None:
+        """Write the marker unless one exists (atomic at the upstream: the first claim wins)."""
+        try:
+            await self.up.call("put_object", Bucket=name, Key=MARKER, Body=json.dumps(asdict(rec)).encode(), IfNoneMatch="*",
+                               ContentType="application/json", missing=ErrorCode.NoSuchBucket, resource=f"/{name}")
+        except S3Error as e:
+            if e.code != ErrorCode.PreconditionFailed:
+                raise
+            existing = await self._read(name)
+            if existing is None:
+                raise
+            raise self._taken(name, existing, rec.owner) from None
+        self._cache[name] = (rec, time.monotonic() + TTL_S)
+
+    async def remove(self, name: str) -> BucketRecord:
+        rec = await self.get(name)
+        self._cache.pop(name, None)
+        await self.up.call("delete_object", Bucket=name, Key=MARKER, missing=ErrorCode.NoSuchBucket, resource=f"/{name}")
+        return rec
+
+    async def list(self, owner: str, prefix: str, after: str, limit: int) -> list[BucketInfo]:
+        """The owner's buckets: one upstream ListBuckets, then one marker read per candidate (bounded concurrency)."""
+        resp = await self.up.call("list_buckets")
+        names = sorted(b["Name"] for b in resp.get("Buckets", []) if b["Name"].startswith(prefix) and b["Name"] > after)
+        gate = asyncio.Semaphore(_LIST_CONCURRENCY)
+
+        async def one(name: str) -> BucketRecord | None:
+            async with gate:
+                try:
+                    return await self.get(name)
+                except S3Error as e:
+                    if e.code == ErrorCode.NoSuchBucket:
+                        return None
+                    raise
+
+        records = await asyncio.gather(*(one(n) for n in names))
+        return [r.info(n) for n, r in zip(names, records) if r is not None and r.owner == owner][:limit]

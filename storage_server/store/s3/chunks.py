@@ -1,0 +1,213 @@
+"""The s3 backend's chunk source: write-through to the upstream, a bounded local cache for reads.
+
+* **kv-put** stores every chunk upstream (acknowledged only once the upstream has it: a
+  conditional ``PUT If-None-Match: *``, identical re-puts are no-ops) and keeps a copy in
+  the cache when there is room.
+* **kv-get** pins: cached chunks are pinned at once, missing ones are fetched as whole
+  objects (``cache.fetch_concurrency`` GETs at a time, one GET per missing chunk, never
+  one per layer slice), written to the cache and pinned; the executor then range-reads
+  the local files exactly as with the local-disk store.
+* **kv-lookup** counts the leading cached chunks, then asks the upstream about the rest
+  with HEADs: the first unknown key (a miss costs one request), then a binary search
+  over the monotone prefix chain (chunks are put head first): ``1 + ceil(log2(n))``
+  HEADs for ``n`` uncached keys, 13 for a 3,584-key (64K-token) prefix. A hole inside a
+  chain (a chunk deleted behind the cache's back) can make the answer too long; the
+  kv-get then names the missing key.
+
+Chunks are cached under (bucket incarnation, key), so a bucket deleted and created again
+by someone else never sees the old bucket's cached bytes. Changes made through this
+process's store drop the cached copy; a delete or overwrite through *another* node is seen
+when the copy is evicted (KV chunks are immutable and content-addressed, so this is rare).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import CHUNK_CONTENT_TYPE
+
+from ..cache.chunk_files import ChunkFiles, chunk_id
+from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..object_store import PutSpec
+from .store import S3Store
+from .upstream import body_chunks
+
+CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
+
+
+async def _once(data: bytes | memoryview) -> AsyncIterator[bytes]:
+    yield bytes(data)
+
+
+def _write(path: Path, pieces: list[bytes]) -> None:
+    with open(path, "ab") as f:
+        for p in pieces:
+            f.write(p)
+
+
+def _open_all(paths: list[Path], fds: list[int]) -> None:
+    """Open every path read-only, appending to ``fds`` as it goes (so the caller closes what was opened if one fails)."""
+    for path in paths:
+        fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+
+
+class S3ChunkSource(ChunkSource):
+    def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int) -> None:
+        self.store, self.up = store, store.up
+        self.files = ChunkFiles(cache_dir, max_bytes)
+        self.concurrency = fetch_concurrency
+        self._bucket_ids: dict[str, str] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self.fetched = 0
+        store.listeners.append(self._invalidate)
+
+    async def _ids(self, bucket: str, keys: list[str]) -> list[str]:
+        bid = self._bucket_ids[bucket] = await self.store.bucket_id(bucket)
+        return [chunk_id(bid, k) for k in keys]
+
+    def _invalidate(self, bucket: str, keys: list[str]) -> None:
+        bid = self._bucket_ids.get(bucket)
+        if bid is not None:
+            for key in keys:
+                self.files.drop(chunk_id(bid, key))
+
+    # -- lookup ----------------------------------------------------------------
+    async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
+        cids = await self._ids(bucket, keys)
+        cached = next((i for i, c in enumerate(cids) if self.files.size(c) is None), len(cids))
+        if cached == len(keys) or not await self.up.exists(bucket, keys[cached]):
+            return cached
+        lo, hi = cached + 1, len(keys)  # keys[:lo] are known to be stored
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if await self.up.exists(bucket, keys[mid - 1]):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    # -- put -------------------------------------------------------------------
+    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
+        cids = await self._ids(bucket, [k for k, _ in items])
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: str, data: memoryview) -> str:
+            async with gate:
+                return (await self.store.put_object(bucket, key, _once(data), CHUNK_SPEC, owner)).etag
+
+        etags = await asyncio.gather(*(one(k, d) for k, d in items))
+        for cid, (_, data) in reversed(list(zip(cids, items))):  # the head written last is the newest
+            if self.files.size(cid) is None and self.files.reserve(len(data)):
+                tmp = self.files.new_tmp()
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, _write, tmp, [bytes(data)])
+                except BaseException:
+                    self.files.unreserve(len(data))
+                    tmp.unlink(missing_ok=True)
+                    raise
+                self.files.commit(cid, tmp, len(data))
+        return list(etags)
+
+    # -- pin -------------------------------------------------------------------
+    async def _fetch_pinned(self, bucket: str, key: str, cid: str) -> None:
+        """Pin ``cid``, fetching it whole into the cache first unless it is there (or another request is fetching it)."""
+        for _ in range(3):
+            if self.files.size(cid) is not None:
+                self.files.policy.pin([cid])
+                return
+            inflight = self._inflight.get(cid)
+            if inflight is None:
+                break
+            await asyncio.wait([inflight])
+        done = self._inflight[cid] = asyncio.get_running_loop().create_future()
+        try:
+            await self._fetch(bucket, key, cid)
+            self.files.policy.pin([cid])
+        finally:
+            del self._inflight[cid]
+            done.set_result(None)
+
+    async def _fetch(self, bucket: str, key: str, cid: str) -> None:
+        resource = f"/{bucket}/{key}"
+        resp = await self.up.call("get_object", Bucket=bucket, Key=key, resource=resource)
+        body = resp["Body"]
+        size = int(resp["ContentLength"])
+        if not self.files.reserve(size):
+            body.close()
+            raise S3Error(ErrorCode.ServiceUnavailable, "The chunk cache is full of chunks other transfers hold "
+                          f"(cache.max_bytes = {self.files.max_bytes}); retry.", resource)
+        tmp = self.files.new_tmp()
+        try:
+            loop = asyncio.get_running_loop()
+            tmp.touch()
+            async for piece in body_chunks(body, 1 << 20, resource):
+                await loop.run_in_executor(None, _write, tmp, [piece])
+            if tmp.stat().st_size != size:
+                raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store sent a short chunk; retry.", resource)
+        except BaseException:
+            body.close()
+            self.files.unreserve(size)
+            tmp.unlink(missing_ok=True)
+            raise
+        self.files.commit(cid, tmp, size)
+        self.fetched += 1
+
+    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+        cids = await self._ids(bucket, keys)
+        pinned: list[str] = []
+        fds: list[int] = []
+        try:
+            hits = [c for c in cids if self.files.size(c) is not None]
+            self.files.policy.pin(hits)
+            pinned += hits
+            hit_set = set(hits)
+            missing = [(i, k, c) for i, (k, c) in enumerate(zip(keys, cids)) if c not in hit_set]
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(key: str, cid: str) -> None:
+                async with gate:
+                    await self._fetch_pinned(bucket, key, cid)
+                    pinned.append(cid)
+
+            results = await asyncio.gather(*(one(k, c) for _, k, c in missing), return_exceptions=True)
+            for (i, key, _), r in zip(missing, results):
+                if isinstance(r, S3Error) and r.code == ErrorCode.NoSuchKey:
+                    raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            self.files.policy.touch_chain(cids)
+            sizes = [self.files.size(c) for c in cids]
+            for key, size in zip(keys, sizes):
+                if size is None:
+                    raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key})
+            paths = [self.files.path(c, s) for c, s in zip(cids, sizes)]  # type: ignore[arg-type]
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, _open_all, paths, fds)  # thousands of opens: off the loop
+            except FileNotFoundError:  # dropped by a delete or overwrite through this process meanwhile
+                key = keys[len(fds)]
+                raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            self.files.policy.unpin(pinned)
+            raise
+        handles = [ChunkHandle(fd, 0, size) for fd, size in zip(fds, sizes)]  # type: ignore[arg-type]
+        return PinnedChunks(handles, functools.partial(self._release, fds, pinned))
+
+    def _release(self, fds: list[int], pinned: list[str]) -> None:
+        for fd in fds:
+            os.close(fd)
+        self.files.policy.unpin(pinned)
+
+    def status(self) -> dict[str, object]:
+        return {"chunk_cache": self.files.status() | {"fetched": self.fetched}}
+
+    async def close(self) -> None:
+        if self._invalidate in self.store.listeners:
+            self.store.listeners.remove(self._invalidate)

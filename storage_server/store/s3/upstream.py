@@ -1,0 +1,128 @@
+"""The one connection a process keeps to the upstream S3 store: an aiobotocore client, bounded retries, error translation.
+
+Every call goes through :meth:`Upstream.call`, so an upstream failure always reaches the
+client as an :class:`~protocol.errors.S3Error` from the catalogue: codes the catalogue
+knows (NoSuchKey, NoSuchBucket, InvalidPart, ...) pass through, a bodiless 404 becomes the
+``missing`` code the caller names, and an outage becomes ``503 ServiceUnavailable`` once
+botocore's "standard" retry mode (exponential backoff with jitter, ``max_attempts`` in
+all) has given up. Credential problems at the upstream are ObjectCache's misconfiguration,
+not the tenant's, so they are 500s with a message that says so rather than AccessDenied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+
+from protocol.config import S3StoreConfig
+from protocol.errors import ErrorCode, S3Error
+
+# Codes that describe ObjectCache's own standing at the upstream, never the tenant's request.
+_OURS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestTimeTooSkewed", "AuthorizationHeaderMalformed"}
+_BUSY = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable", "InternalError"}
+_TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+def translate(e: ClientError, missing: ErrorCode, resource: str) -> S3Error:
+    """An upstream error response as the S3 error this gateway answers with."""
+    err = e.response.get("Error", {})
+    code, message = str(err.get("Code", "")), str(err.get("Message", "") or "")
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if code in _OURS or status in (401, 403):
+        return S3Error(ErrorCode.InternalError, f"The upstream store refused ObjectCache's credentials ({code or status}).", resource)
+    if code in _BUSY or status >= 500:
+        return S3Error(ErrorCode.ServiceUnavailable, f"The upstream store is unavailable ({code or status}); retry.", resource)
+    if code in ErrorCode.__members__:
+        return _named(ErrorCode[code], message, resource)
+    by_status = {404: missing, 304: ErrorCode.NotModified, 412: ErrorCode.PreconditionFailed, 416: ErrorCode.InvalidRange}
+    if status in by_status:
+        return _named(by_status[status], "", resource)
+    return S3Error(ErrorCode.InternalError, f"The upstream store answered {status} {code}: {message}", resource)
+
+
+def _named(code: ErrorCode, message: str, resource: str) -> S3Error:
+    """The error with the fields S3 puts beside NoSuchKey and NoSuchBucket."""
+    bucket, _, key = resource.lstrip("/").partition("/")
+    extra = {"Key": key} if code == ErrorCode.NoSuchKey and key else {"BucketName": bucket} if code == ErrorCode.NoSuchBucket and bucket else {}
+    return S3Error(code, message, resource, extra)
+
+
+def unavailable(e: BaseException, resource: str = "") -> S3Error:
+    return S3Error(ErrorCode.ServiceUnavailable, f"The upstream store cannot be reached ({type(e).__name__}); retry.", resource)
+
+
+class Upstream:
+    """A lazily opened aiobotocore client (it must be created on the loop that uses it)."""
+
+    def __init__(self, cfg: S3StoreConfig) -> None:
+        self.cfg = cfg
+        self._ctx: Any = None
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+
+    async def client(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    self._ctx = get_session().create_client("s3", **self._client_args())
+                    self._client = await self._ctx.__aenter__()
+        return self._client
+
+    def _client_args(self) -> dict[str, Any]:
+        cfg = self.cfg
+        config = AioConfig(
+            max_pool_connections=cfg.max_connections,
+            retries={"mode": "standard", "max_attempts": cfg.max_attempts},
+            connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.read_timeout_s,
+            # A private endpoint (MinIO, SeaweedFS, Ceph) is addressed by path; AWS by host name.
+            s3={"addressing_style": "path" if cfg.endpoint_url else "auto"},
+            request_checksum_calculation="when_required", response_checksum_validation="when_required",
+        )
+        args: dict[str, Any] = {"region_name": cfg.region, "config": config}
+        if cfg.endpoint_url:
+            args["endpoint_url"] = cfg.endpoint_url
+        if cfg.access_key:
+            args |= {"aws_access_key_id": cfg.access_key, "aws_secret_access_key": cfg.secret_key}
+        return args
+
+    async def call(self, op: str, *, missing: ErrorCode = ErrorCode.NoSuchKey, resource: str = "", **kwargs: Any) -> dict[str, Any]:
+        """One upstream operation (``op`` is the botocore method name) with errors translated."""
+        client = await self.client()
+        try:
+            return await getattr(client, op)(**kwargs)
+        except ClientError as e:
+            raise translate(e, missing, resource) from None
+        except ParamValidationError as e:  # a value the upstream's API cannot carry (raised before any request)
+            raise S3Error(ErrorCode.InvalidArgument, str(e).splitlines()[-1], resource) from None
+        except _TRANSPORT_ERRORS as e:
+            raise unavailable(e, resource) from None
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        """Whether ``key`` is stored (a HEAD; a missing bucket reads as absent)."""
+        try:
+            await self.call("head_object", Bucket=bucket, Key=key)
+        except S3Error as e:
+            if e.code in (ErrorCode.NoSuchKey, ErrorCode.NoSuchBucket):
+                return False
+            raise
+        return True
+
+    async def close(self) -> None:
+        ctx, self._ctx, self._client = self._ctx, None, None
+        if ctx is not None:
+            await ctx.__aexit__(None, None, None)
+
+
+async def body_chunks(body: Any, chunk_size: int, resource: str = "") -> AsyncIterator[bytes]:
+    """A GET response body, piece by piece; a connection lost midway is a 503, never a short read."""
+    try:
+        async for piece in body.iter_chunks(chunk_size):
+            yield piece
+    except _TRANSPORT_ERRORS as e:
+        raise unavailable(e, resource) from None
