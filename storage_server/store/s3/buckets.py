@@ -48,9 +48,10 @@ class BucketRecord:
     region: str
     created: float
     id: str  # this incarnation: a bucket deleted and created again is another bucket to the chunk cache
+    acl: str = "private"  # the canned ACL it was created with
 
     def info(self, name: str) -> BucketInfo:
-        return BucketInfo(name, self.owner, self.created, self.region)
+        return BucketInfo(name, self.owner, self.created, self.region, self.acl)
 
 
 class BucketMarkers:
@@ -68,7 +69,7 @@ class BucketMarkers:
                 return None
             raise
         raw = json.loads(data)
-        return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]))
+        return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]), str(raw.get("acl", "private")))
 
     async def get(self, name: str) -> BucketRecord:
         hit = self._cache.get(name)
@@ -85,7 +86,7 @@ class BucketMarkers:
         code = ErrorCode.BucketAlreadyOwnedByYou if rec.owner == owner else ErrorCode.BucketAlreadyExists
         return S3Error(code, resource=f"/{name}", extra={"BucketName": name})
 
-    async def create(self, name: str, owner: str, region: str, upstream_region: str) -> None:
+    async def create(self, name: str, owner: str, region: str, upstream_region: str, acl: str = "private") -> None:
         where = {} if upstream_region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": upstream_region}}
         try:
             await self.up.call("create_bucket", Bucket=name, resource=f"/{name}", **where)
@@ -98,7 +99,7 @@ class BucketMarkers:
                 raise e from None  # someone else's bucket at the upstream
             if existing is not None:
                 raise self._taken(name, existing, owner) from None
-        await self.claim(name, BucketRecord(owner, region, time.time(), uuid.uuid4().hex))
+        await self.claim(name, BucketRecord(owner, region, time.time(), uuid.uuid4().hex, acl))
 
     async def claim(self, name: str, rec: BucketRecord) -> None:
         """Write the marker unless one exists (atomic at the upstream: the first claim wins)."""

@@ -44,8 +44,8 @@ class S3Store(UploadOps, ObjectStore):
             fn(bucket, keys)
 
     # -- buckets ---------------------------------------------------------------
-    async def create_bucket(self, name: str, owner: str, region: str) -> None:
-        await self.buckets.create(name, owner, region, self.cfg.region)
+    async def create_bucket(self, name: str, owner: str, region: str, acl: str = "private") -> None:
+        await self.buckets.create(name, owner, region, self.cfg.region, acl)
 
     async def get_bucket(self, name: str) -> BucketInfo:
         return (await self.buckets.get(name)).info(name)
