@@ -20,9 +20,10 @@ from storage_server.store import ChunkSource, ObjectStore, open_chunk_source, op
 
 
 @contextlib.asynccontextmanager
-async def local_disk(root: Path) -> AsyncIterator[tuple[ObjectStore, ChunkSource]]:
+async def _opened(root: Path, store_toml: str) -> AsyncIterator[tuple[ObjectStore, ChunkSource]]:
+    """The pair a configuration opens (its ``[store]`` table's lines after ``data_dir``)."""
     config_path = root / "store.toml"
-    config_path.write_text(f'[store]\nbackend = "local"\ndata_dir = "{root / "data"}"\n[store.local]\nio_threads = 4\n')
+    config_path.write_text(f'[store]\ndata_dir = "{root / "data"}"\n{store_toml}')
     config = load_config(config_path, env={})
     store = open_object_store(config)
     chunks = open_chunk_source(config, store)
@@ -33,20 +34,14 @@ async def local_disk(root: Path) -> AsyncIterator[tuple[ObjectStore, ChunkSource
         await store.close()
 
 
-@contextlib.asynccontextmanager
-async def upstream_s3(root: Path) -> AsyncIterator[tuple[ObjectStore, ChunkSource]]:
+def local_disk(root: Path) -> contextlib.AbstractAsyncContextManager[tuple[ObjectStore, ChunkSource]]:
+    return _opened(root, 'backend = "local"\n[store.local]\nio_threads = 4\n')
+
+
+def upstream_s3(root: Path) -> contextlib.AbstractAsyncContextManager[tuple[ObjectStore, ChunkSource]]:
     moto = shared_moto(Path(tempfile.gettempdir()))
     moto.reset()
-    config_path = root / "store.toml"
-    config_path.write_text(f'[store]\nbackend = "s3"\ndata_dir = "{root / "data"}"\n{moto.config()}')
-    config = load_config(config_path, env={})
-    store = open_object_store(config)
-    chunks = open_chunk_source(config, store)
-    try:
-        yield store, chunks
-    finally:
-        await chunks.close()
-        await store.close()
+    return _opened(root, f'backend = "s3"\n{moto.config()}')
 
 
 STORES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[tuple[ObjectStore, ChunkSource]]]] = {
