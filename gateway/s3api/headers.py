@@ -236,7 +236,8 @@ def object_headers(meta: ObjectMeta, with_checksums: bool) -> dict[str, str]:
         for alg, v in meta.checksums.items():
             h[f"x-amz-checksum-{alg.lower()}"] = v
         if meta.checksums:
-            h["x-amz-checksum-type"] = "COMPOSITE" if meta.part_sizes else "FULL_OBJECT"
+            composite = any(v.rpartition("-")[2].isdigit() and "-" in v for v in meta.checksums.values())
+            h["x-amz-checksum-type"] = "COMPOSITE" if composite else "FULL_OBJECT"
     if meta.part_sizes:
         h["x-amz-mp-parts-count"] = str(len(meta.part_sizes))
     if meta.tags:

@@ -66,6 +66,7 @@ class PutSpec:
     immutable: bool = False  # KV chunks: identical re-put is a no-op, different bytes refused
     tags: dict[str, str] = field(default_factory=dict)
     acl: str = "private"  # a canned ACL
+    checksum_type: str = "COMPOSITE"  # multipart: COMPOSITE (checksum of the parts' checksums) or FULL_OBJECT
 
 
 @dataclass(frozen=True)

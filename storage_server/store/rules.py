@@ -81,7 +81,7 @@ def completed_meta(upload: UploadInfo, parts: list[PartInfo], now: float) -> Obj
     """The object a completed upload becomes: S3's multipart ETag and composite checksums."""
     md5s = b"".join(bytes.fromhex(p.etag.strip('"')) for p in parts)
     checksums = {}
-    for alg in upload.spec.checksum_algorithms:
+    for alg in upload.spec.checksum_algorithms if upload.spec.checksum_type == "COMPOSITE" else ():  # full-object: the store computes it
         values = [p.checksums.get(alg) for p in parts]
         if all(values):
             checksums[alg] = composite_checksum(alg, values)  # type: ignore[arg-type]

@@ -185,3 +185,39 @@ def test_a_retried_complete_succeeds_again_with_the_same_result(s3, bucket):
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(Bucket=bucket, Key="retried", UploadId=upload, MultipartUpload=parts)
     assert e.value.response["Error"]["Code"] == "NoSuchUpload"
+
+
+@pytest.mark.parametrize("algorithm,checksum_type", [
+    ("CRC32", "COMPOSITE"), ("CRC32", "FULL_OBJECT"), ("CRC32C", "COMPOSITE"), ("CRC32C", "FULL_OBJECT"),
+    ("CRC64NVME", "FULL_OBJECT"), ("SHA1", "COMPOSITE"), ("SHA256", "COMPOSITE"),
+])
+def test_complete_returns_the_checksum_of_the_type_the_upload_asked_for(s3, bucket, algorithm, checksum_type):
+    """boto3's checksum helpers: COMPOSITE is a checksum of the parts' checksums ("-N"); FULL_OBJECT is the whole object's."""
+    import base64
+
+    from protocol.checksums import new_checksum
+
+    key = f"{algorithm}-{checksum_type}"
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm=algorithm, ChecksumType=checksum_type)["UploadId"]
+    bodies = [b"a" * (5 << 20), b"tail"]
+    parts = []
+    for n, body in enumerate(bodies, 1):
+        r = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=n, Body=body, ChecksumAlgorithm=algorithm)
+        parts.append({"PartNumber": n, "ETag": r["ETag"], f"Checksum{algorithm}": r[f"Checksum{algorithm}"]})
+    done = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": parts})
+    value = done[f"Checksum{algorithm}"]
+    if checksum_type == "FULL_OBJECT":
+        whole = new_checksum(algorithm)
+        whole.update(b"".join(bodies))
+        assert value == base64.b64encode(whole.digest()).decode()
+    else:
+        assert value.endswith("-2")
+    got = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    assert got[f"Checksum{algorithm}"] == value and got["ResponseMetadata"]["HTTPHeaders"]["x-amz-checksum-type"] == checksum_type
+
+
+def test_a_checksum_type_an_algorithm_does_not_support_is_refused(s3, bucket):
+    for algorithm, checksum_type in (("SHA256", "FULL_OBJECT"), ("CRC64NVME", "COMPOSITE")):
+        with pytest.raises(ClientError) as e:
+            s3.create_multipart_upload(Bucket=bucket, Key="k", ChecksumAlgorithm=algorithm, ChecksumType=checksum_type)
+        assert e.value.response["Error"]["Code"] == "InvalidRequest"

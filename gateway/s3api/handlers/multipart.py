@@ -31,8 +31,9 @@ async def create_multipart_upload(req: S3Request) -> web.Response:
     key = req.key_checked()
     spec, _ = h.put_spec(req.headers, None)
     alg = req.headers.get("x-amz-checksum-algorithm")
-    upload = await req.store.create_upload(req.bucket, key, spec, req.tenant)
-    headers = {"x-amz-checksum-algorithm": alg.upper(), "x-amz-checksum-type": "COMPOSITE"} if alg else None
+    ctype = _checksum_type(req, alg)
+    upload = await req.store.create_upload(req.bucket, key, replace(spec, checksum_type=ctype), req.tenant)
+    headers = {"x-amz-checksum-algorithm": alg.upper(), "x-amz-checksum-type": ctype} if alg else None
     return xml_response("InitiateMultipartUploadResult", [("Bucket", req.bucket), ("Key", key), ("UploadId", upload.upload_id)], headers=headers)
 
 
@@ -85,8 +86,23 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
     return _completed(req, await req.store.complete_upload(upload, parts))
 
 
+def _checksum_type(req: S3Request, alg: str | None) -> str:
+    """COMPOSITE (a checksum of the parts' checksums, "-N") or FULL_OBJECT (of the whole object; CRC algorithms only)."""
+    default = "FULL_OBJECT" if (alg or "").upper() == "CRC64NVME" else "COMPOSITE"
+    ctype = req.headers.get("x-amz-checksum-type", default).upper()
+    if ctype not in ("COMPOSITE", "FULL_OBJECT"):
+        raise S3Error(ErrorCode.InvalidRequest, "x-amz-checksum-type must be COMPOSITE or FULL_OBJECT.")
+    if ctype == "FULL_OBJECT" and (alg or "").upper() in ("SHA1", "SHA256"):
+        raise S3Error(ErrorCode.InvalidRequest, f"The FULL_OBJECT checksum type is not supported for {alg.upper()}; use COMPOSITE.")
+    if ctype == "COMPOSITE" and (alg or "").upper() == "CRC64NVME":
+        raise S3Error(ErrorCode.InvalidRequest, "CRC64NVME supports only the FULL_OBJECT checksum type.")
+    return ctype
+
+
 def _completed(req: S3Request, meta: ObjectMeta) -> web.Response:
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items()]
+    if meta.checksums:
+        checks.append(("ChecksumType", "COMPOSITE" if any("-" in v for v in meta.checksums.values()) else "FULL_OBJECT"))
     return xml_response(
         "CompleteMultipartUploadResult",
         [("Location", f"http://{req.headers.get('Host', '')}{req.resource}"), ("Bucket", req.bucket), ("Key", req.key), ("ETag", meta.etag), *checks],

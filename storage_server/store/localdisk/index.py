@@ -81,13 +81,15 @@ def key_successor(k: bytes) -> bytes | None:
 
 def _spec_to_json(spec: PutSpec) -> str:
     return json.dumps({"content_type": spec.content_type, "user_metadata": spec.user_metadata, "system_headers": spec.system_headers,
-                       "checksum_algorithms": list(spec.checksum_algorithms), "tags": spec.tags, "acl": spec.acl})
+                       "checksum_algorithms": list(spec.checksum_algorithms), "tags": spec.tags, "acl": spec.acl,
+                       "checksum_type": spec.checksum_type})
 
 
 def _spec_from_json(s: str) -> PutSpec:
     d = json.loads(s)
     return PutSpec(content_type=d["content_type"], user_metadata=d["user_metadata"], system_headers=d["system_headers"],
-                   checksum_algorithms=tuple(d["checksum_algorithms"]), tags=d.get("tags", {}), acl=d.get("acl", "private"))
+                   checksum_algorithms=tuple(d["checksum_algorithms"]), tags=d.get("tags", {}), acl=d.get("acl", "private"),
+                   checksum_type=d.get("checksum_type", "COMPOSITE"))
 
 
 def _row_to_meta(r: tuple) -> ObjectMeta:

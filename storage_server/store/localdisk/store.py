@@ -255,10 +255,17 @@ class LocalDiskStore(ObjectStore):
             finally:
                 for fd in fds:
                     os.close(fd)
+            full = meta
+            if upload.spec.checksum_type == "FULL_OBJECT" and upload.spec.checksum_algorithms:
+                d = Digester(upload.spec.checksum_algorithms)  # the whole object's checksum: one more pass over its bytes
+                with open(tmp, "rb") as f:
+                    while chunk := f.read(WRITE_BUFFER):
+                        d.update(chunk)
+                full = replace(meta, checksums=d.checksum_values())
             final = self.blobs.publish(tmp)
-            self._install(final, lambda path: self.index.complete_upload(upload.upload_id, meta, path))
+            self._install(final, lambda path: self.index.complete_upload(upload.upload_id, full, path))
             self.blobs.remove_upload_dir(upload.upload_id)
-            return replace(meta, locator=str(final))
+            return replace(full, locator=str(final))
 
         return await self._run(work)
 
