@@ -7,6 +7,7 @@ table's answer (:mod:`gateway.s3api.router`, with :mod:`gateway.kv.routes`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -139,4 +140,11 @@ async def drain(app: web.Application, listener: GuardedListener, runner: web.App
     in_flight = sum(1 for c in (runner.server.connections if runner.server else []) if c._current_request is not None)
     log.info("draining: %d request(s) in flight, up to %g s", in_flight, app[CONFIG_KEY].gateway.drain_timeout_s)
     await listener.stop()
+    # Let responses in flight finish and their last bytes leave the socket buffers before connections close.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + app[CONFIG_KEY].gateway.drain_timeout_s
+    while loop.time() < deadline and any(
+            c._current_request is not None or (c.transport is not None and c.transport.get_write_buffer_size())
+            for c in (runner.server.connections if runner.server else [])):
+        await asyncio.sleep(0.05)
     await runner.cleanup()
