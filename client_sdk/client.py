@@ -30,6 +30,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
@@ -330,10 +331,16 @@ class ObjectCacheClient:
         await shm.warm_up(payload_bytes, regions)
 
     async def ensure_bucket(self) -> None:
-        """Create the bucket if it does not exist yet (plain S3, through aiobotocore)."""
+        """Create the bucket if it does not exist yet (plain S3, through aiobotocore).
+
+        Only a missing bucket is created; any other answer (403 for a bucket another tenant owns,
+        an outage) is raised as it came, never papered over with a create.
+        """
         try:
             await self.s3.head_bucket(Bucket=self.bucket)
-        except Exception:
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                raise
             await self.s3.create_bucket(Bucket=self.bucket)
 
     async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
