@@ -223,6 +223,9 @@ class StorageServerConfig(Section):
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
+    # Bytes of registered shm regions one tenant may have populated (``"populate": true``):
+    # the server faults those pages in itself, so they count against its memory.
+    populate_max_bytes: int = 32 << 30
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
@@ -235,6 +238,7 @@ class StorageServerConfig(Section):
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 

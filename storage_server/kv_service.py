@@ -85,7 +85,7 @@ class KVService:
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
         self.executor = Executor(ss.read_threads or _cpus())
-        self.regions = RegionRegistry()
+        self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
         self.staging = StagingBudget(ss.http_staging_bytes)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
