@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from protocol.config import Config
 from protocol.rpc import Op
 
-from .kv_service import KVService, PacerFactory
+from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
 from .metrics import StorageServerMetrics
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
@@ -28,14 +28,16 @@ MAX_DESCRIPTOR_BYTES = 64 << 20
 
 
 class StorageServer:
-    """``pacers`` build extra per-transfer pacers (the bandwidth pool is built in); tests inject gates here."""
+    """``pacers`` build extra per-transfer pacers (the bandwidth pool is built in); tests inject gates here.
+    ``open_verbs`` opens the pyverbs engine's device (tests without one inject a fake)."""
 
-    def __init__(self, config: Config, store: ObjectStore, chunks: ChunkSource, pacers: Sequence[PacerFactory] = ()) -> None:
+    def __init__(self, config: Config, store: ObjectStore, chunks: ChunkSource, pacers: Sequence[PacerFactory] = (),
+                 open_verbs: VerbsOpener = open_pyverbs) -> None:
         self.config = config
         self.store = store
         self.chunks = chunks
         self.started = time.time()
-        self.kv = KVService(config, chunks, pacers)
+        self.kv = KVService(config, chunks, pacers, open_verbs)
         self.metrics = StorageServerMetrics(self.kv)
         self._stop_metrics: Callable[[], None] | None = None
         self.rpc = RpcServer({
