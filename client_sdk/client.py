@@ -34,7 +34,20 @@ from botocore.exceptions import ClientError
 
 from protocol.checksums import b64
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
+from protocol.kv_http import (
+    HEADER_GATEWAY_S,
+    HEADER_MODE,
+    HEADER_PAYLOAD_BYTES,
+    HEADER_RDMA_TAG,
+    KVOp,
+    LookupReply,
+    RdmaRegisterRequest,
+    RegisterReply,
+    RegisterTicket,
+    UnregisterRequest,
+)
+from protocol.pyverbs_device import PyverbsDevice, verbs_available
+from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
@@ -42,6 +55,7 @@ from .destinations import Destination, Destinations, HttpDestinations, ShmDestin
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
+from .verbs import VerbsDestinations
 
 PUT_BATCH_BYTES = 64 << 20
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -94,8 +108,10 @@ class LayerStream:
     until the ``fetch_layers`` block exits. ``payload`` is the whole ``[L][N][S]``.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int, num_layers: int, transport: str, verify: bool, started: float) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int, num_layers: int, transport: str, verify: bool,
+                 started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._frames = FrameStream(response.content)
+        self._landed = landed
         self.payload = payload
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
@@ -143,6 +159,8 @@ class LayerStream:
             elif frame.type == FrameType.LAYER:
                 if frame.layer != self._next:
                     raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
+                if self._landed is not None:
+                    await self._landed(frame.layer)
                 view = self.layer(frame.layer)
                 if self.verify and crc32c(view) != frame.checksum:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
@@ -180,11 +198,15 @@ class ObjectCacheClient:
 
     ``shm_prefault_bytes`` (0: off) runs :meth:`warm_up` for payloads of that
     size when the client opens, so the first shm fetch finds its region ready.
+
+    ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
+    ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
+    opens the device, the first one by default).
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
-                 shm_prefault_bytes: int = 0) -> None:
+                 shm_prefault_bytes: int = 0, rdma_engine: str = "nixl", open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -203,9 +225,17 @@ class ObjectCacheClient:
         self._destinations: dict[TransportKind, Destinations] = {
             d.kind: d for d in (HttpDestinations(), ShmDestinations(self._register_region))
         }
-        available, self._rdma_unavailable = rdma_available()
+        if rdma_engine not in ("nixl", ENGINE):
+            raise ValueError(f"rdma_engine must be 'nixl' or {ENGINE!r} (the storage server's storage_server.rdma_engine), not {rdma_engine!r}")
+        if rdma_engine == ENGINE:
+            available, self._rdma_unavailable = (True, "") if open_verbs is not None else verbs_available()
+            opener = open_verbs or PyverbsDevice
+            rdma: Destinations = VerbsDestinations(self._register_verbs, opener)
+        else:
+            available, self._rdma_unavailable = rdma_available()
+            rdma = RdmaDestinations(self._register_rdma)
         if available:
-            self._destinations[TransportKind.RDMA] = RdmaDestinations(self._register_rdma)
+            self._destinations[TransportKind.RDMA] = rdma
 
     async def __aenter__(self) -> "ObjectCacheClient":
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False,
@@ -309,10 +339,13 @@ class ObjectCacheClient:
 
     async def _register_rdma(self, metadata: bytes, addr: int, size: int) -> tuple[bytes, bytes]:
         """Tell the storage server about memory registered with this process's NIXL agent."""
-        body = RdmaRegisterRequest("nixl", base64.b64encode(metadata).decode(), addr, size)
-        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
-        reply = RegisterReply.from_json(await resp.json())
+        reply = await self._register_verbs(RdmaRegisterRequest("nixl", addr, size, agent=base64.b64encode(metadata).decode()))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
+
+    async def _register_verbs(self, body: RdmaRegisterRequest) -> RegisterReply:
+        """kv-register-rdma: memory this process registered with its RDMA engine (and, pyverbs, its queue pair)."""
+        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
+        return RegisterReply.from_json(await resp.json())
 
     # -- public API -----------------------------------------------------------------
     async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
@@ -431,7 +464,9 @@ class ObjectCacheClient:
                     destinations.forget(dest)
                     dest = None
             assert resp is not None and dest is not None
-            stream = LayerStream(resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
+            landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
+            stream = LayerStream(resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
+                                 started, landed)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:

@@ -39,6 +39,10 @@ class Destinations(abc.ABC):
     @abc.abstractmethod
     async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination: ...
 
+    def layer_waiter(self, dest: Destination, tag: int) -> Callable[[int], Awaitable[None]] | None:
+        """What to await before handing out layer ℓ beyond its LAYER frame (rdma over pyverbs: its immediate)."""
+        return None
+
     def release(self, dest: Destination) -> None:
         """The fetch is over: the memory may be reused."""
 
