@@ -18,6 +18,7 @@ from rawhttp import signed
 from support import boto_client, write_config
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
+from protocol.pyverbs_device import verbs_available
 from protocol.verbs import decode_imm
 from protocol.wire import Descriptor, Target, TransportKind, encode_descriptor
 
@@ -155,8 +156,8 @@ def test_an_engine_the_server_does_not_run_is_refused_clearly(verbs_node, tenant
 
 
 def test_a_new_request_on_the_same_buffer_gets_a_new_tag(verbs_node, tenants, stored):
-    """Walk away mid-transfer, fetch again into the same buffer: the server tags the new request afresh,
-    so announcements of the abandoned one (the client drops other tags) cannot pass for the new one's."""
+    """Walk away mid-transfer, fetch again into the same buffer: the server tags the new request afresh, so
+    announcements of the abandoned one still in flight (the client drops other tags) cannot pass for the new one's."""
     layout, keys, chunks = stored[64]
     fabric = verbs_node.fabric
 
@@ -167,12 +168,29 @@ def test_a_new_request_on_the_same_buffer_gets_a_new_tag(verbs_node, tenants, st
                 async for _ in layers:
                     break
             buffer = c._destinations[TransportKind.RDMA]._buffers[0]
-            first = {decode_imm(w.imm)[0] for w in fabric.writes()[mark:] if w.imm is not None}
-            mark = len(fabric.writes())
+            abandoned = buffer.tag
             payload, _ = await c.fetch(keys, layout, "rdma", mode="layerwise")
             assert np.array_equal(payload, reference(layout, chunks))
             assert c._destinations[TransportKind.RDMA]._buffers == [buffer]  # the same memory and queue pair
-            second = {decode_imm(w.imm)[0] for w in fabric.writes()[mark:] if w.imm is not None}
-            assert first and len(second) == 1 and buffer.tag in second and not first & second
+            tags = [decode_imm(w.imm)[0] for w in fabric.writes()[mark:] if w.imm is not None]
+            assert buffer.tag != abandoned and set(tags) == {abandoned, buffer.tag}
+            assert tags.count(buffer.tag) == layout.num_layers
 
     run(scenario())
+
+
+def test_auto_picks_shm_on_this_host_rdma_where_an_engine_runs_and_http_otherwise(tenants):
+    t = tenants["alice"]
+    fabric = Fabric()
+
+    def kind(endpoint: str, **kw) -> TransportKind:
+        return ObjectCacheClient(endpoint, t.access_key, t.secret_key, "b", **kw)._transport_kind("auto")
+
+    assert kind("http://127.0.0.1:9000", rdma_engine="pyverbs", open_verbs=lambda: fabric.device(9)) == TransportKind.SHM
+    assert kind("http://kv.example:9000", rdma_engine="pyverbs", open_verbs=lambda: fabric.device(9)) == TransportKind.RDMA
+    if not verbs_available()[0]:  # no device here: nothing to write into us over RDMA
+        assert kind("http://kv.example:9000", rdma_engine="pyverbs") == TransportKind.HTTP
+        with pytest.raises(ValueError, match="transport 'rdma' is not available in this process: pyverbs"):
+            ObjectCacheClient("http://kv.example:9000", t.access_key, t.secret_key, "b", rdma_engine="pyverbs")._transport_kind("rdma")
+    with pytest.raises(ValueError, match="rdma_engine must be"):
+        kind("http://kv.example:9000", rdma_engine="ucx")
