@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import numpy as np
@@ -47,6 +48,7 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
+from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
 from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
@@ -498,6 +500,53 @@ class ObjectCacheClient:
         if kind not in self._destinations:
             raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
         return kind
+
+    @contextlib.asynccontextmanager
+    async def rdma_memory(self, nbytes: int) -> AsyncIterator[tuple[str, memoryview]]:
+        """Registered memory of ``nbytes`` and the ``x-amz-rdma-token`` describing it, for plain S3 GETs.
+
+        Any S3 client may send the token on a GET of a whole object (the S3-over-RDMA convention):
+        the storage server writes the object into this memory and the response has no body. The
+        memory is this client's until the block exits.
+        """
+        destinations = self._destinations.get(TransportKind.RDMA)
+        if destinations is None:
+            raise ValueError(f"transport 'rdma' is not available in this process: {self._rdma_unavailable}")
+        dest = await destinations.acquire(nbytes, None)
+        try:
+            yield destinations.token(dest).encode(), dest.view
+        finally:
+            destinations.release(dest)
+
+    async def get_object_rdma(self, key: str, bucket: str | None = None) -> np.ndarray:
+        """GET a whole object over RDMA (``x-amz-rdma-token``); a copy of its bytes.
+
+        ``NotImplemented`` when the server declines (the object no longer fits, a Range…): GET it plainly then.
+        """
+        assert self._http is not None, "use the client inside `async with`"
+        bucket = bucket or self.bucket
+        url = f"{self.endpoint}/{bucket}/{quote(key, safe='/~')}"
+        try:
+            async with self._http.head(url, headers=self._signed_headers("HEAD", url, hashlib.sha256(b"").hexdigest(), {})) as head:
+                if head.status != 200:  # a HEAD has no error body: its status says it
+                    code = {403: ErrorCode.AccessDenied, 404: ErrorCode.NoSuchKey}.get(head.status, ErrorCode.InternalError)
+                    raise S3Error(code, f"HEAD {bucket}/{key}: HTTP {head.status}", f"/{bucket}/{key}")
+                size = int(head.headers["Content-Length"])
+        except aiohttp.ClientError as e:
+            raise _unreachable(self.endpoint, f"HEAD {key}", e) from None
+        async with self.rdma_memory(max(size, 1)) as (token, view):
+            headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {HEADER_RDMA_TOKEN: token})
+            try:
+                async with self._http.get(url, headers=headers) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise _s3_error(resp.status, body)
+                    if resp.headers.get(HEADER_RDMA_REPLY) != REPLY_OK or body:
+                        raise S3Error(ErrorCode.InternalError, "the server answered x-amz-rdma-token with the bytes in the body")
+                    n = int(resp.headers[HEADER_RDMA_BYTES])
+            except aiohttp.ClientError as e:
+                raise _unreachable(self.endpoint, f"GET {key}", e) from None
+            return np.frombuffer(view[:n], np.uint8).copy()
 
     async def status(self) -> dict:
         """This tenant's transfers in flight, registered regions and bandwidth leases."""

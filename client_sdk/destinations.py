@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
 from .buffers import RegionPool, RegisteredRegion, ShmRegion
@@ -42,6 +43,10 @@ class Destinations(abc.ABC):
     def layer_waiter(self, dest: Destination, tag: int) -> Callable[[int], Awaitable[None]] | None:
         """What to await before handing out layer ℓ beyond its LAYER frame (rdma over pyverbs: its immediate)."""
         return None
+
+    def token(self, dest: Destination) -> RdmaToken:
+        """The ``x-amz-rdma-token`` describing ``dest``'s registered memory (rdma only)."""
+        raise ValueError(f"{self.kind.name.lower()} memory has no x-amz-rdma-token: it is for the rdma transport")
 
     def release(self, dest: Destination) -> None:
         """The fetch is over: the memory may be reused."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
 from .destinations import Destination, Destinations
@@ -102,6 +103,10 @@ class RdmaDestinations(Destinations):
             b.busy = True
         target = Target(TransportKind.RDMA, b.region_id, b.token, 0, payload_bytes)
         return Destination(target, memoryview(b.buf)[:payload_bytes], rdma=b)
+
+    def token(self, dest: Destination) -> RdmaToken:
+        """NIXL names memory by agent and address: the token's rkey, LID and QP number stay 0."""
+        return RdmaToken(dest.rdma.buf.ctypes.data, dest.view.nbytes)
 
     def release(self, dest: Destination) -> None:
         if dest.rdma is not None:

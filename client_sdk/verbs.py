@@ -22,6 +22,7 @@ import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import RdmaRegisterRequest, RegisterReply
+from protocol.rdma_token import RdmaToken
 from protocol.verbs import ENGINE, MemoryRegion, Opcode, QpLink, QpState, VerbsDevice, decode_imm
 from protocol.wire import Target, TransportKind
 
@@ -133,6 +134,12 @@ class VerbsDestinations(Destinations):
         assert isinstance(b, VerbsBuffer)
         b.expect(tag)
         return b.wait_layer
+
+    def token(self, dest: Destination) -> RdmaToken:
+        b = dest.rdma
+        assert isinstance(b, VerbsBuffer)
+        gid = b.link.device.gid
+        return RdmaToken(b.buf.ctypes.data, dest.view.nbytes, b.mr.rkey, b.link.device.lid, b.link.qp_num, gid if any(gid) else None)
 
     def release(self, dest: Destination) -> None:
         if dest.rdma is not None:

@@ -18,6 +18,7 @@ from protocol.rpc import Op
 
 from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
 from .metrics import StorageServerMetrics
+from .rdma_objects import RdmaObjects
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
@@ -49,6 +50,7 @@ class StorageServer:
             Op.KV_REGISTER: self.kv.register,
             Op.KV_UNREGISTER: self.kv.unregister,
             Op.KV_REGISTER_RDMA: self.kv.register_rdma,
+            Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
         }, max_body=max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes))
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None

@@ -206,5 +206,9 @@ class RegionRegistry:
     def __len__(self) -> int:
         return len(self._regions)
 
+    def owned(self, tenant: str, kind: type[R]) -> list[R]:
+        """The tenant's regions of ``kind``."""
+        return [r for r in self._regions.values() if r.tenant == tenant and isinstance(r, kind)]
+
     def count(self, tenant: str) -> int:
         return sum(r.tenant == tenant for r in self._regions.values())

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.rdma_token import RdmaToken
 
 # Poll a transfer's state this often once it is not done at once (uvloop timers are ms-grained).
 POLL_S = 0.0005
@@ -83,7 +84,11 @@ class NixlLink:
         self.engine.deregister(handle)
 
     def begin(self) -> int:
-        return 0  # the LAYER frame is the notification: nothing to tag
+        return 0
+
+    def matches(self, token: RdmaToken) -> bool:
+        """NIXL names memory by agent and address, which the region holds: no key of the token to compare."""
+        return True  # the LAYER frame is the notification: nothing to tag
 
     async def write(self, local: np.ndarray, handle: Any, offset: int) -> None:
         if offset < 0 or offset + local.nbytes > self.size:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.rdma_token import RdmaToken
 from protocol.verbs import Completion, MemoryRegion, QpLink, Sge, VerbsDevice, VerbsPeer, encode_imm
 
 CQ_DEPTH = 4096
@@ -74,6 +75,11 @@ class VerbsConnection:
     @property
     def broken(self) -> bool:
         return self.link.state.value == "ERROR"
+
+    def matches(self, token: RdmaToken) -> bool:
+        """The token's rkey is the client's region's and its QP number the client's queue pair."""
+        remote = self.link.remote
+        return token.rkey == self.rkey and remote is not None and token.qp_num == remote.qp_num
 
     def begin(self) -> int:
         """A fresh tag for one kv-get (never 0, so a zeroed immediate matches nothing)."""

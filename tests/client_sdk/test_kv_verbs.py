@@ -9,6 +9,8 @@ iterator hands a layer out only once its immediate arrived.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from fakeverbs import Fabric
@@ -19,6 +21,7 @@ from support import boto_client, write_config
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
 from protocol.pyverbs_device import verbs_available
+from protocol.rdma_token import RdmaToken
 from protocol.verbs import decode_imm
 from protocol.wire import Descriptor, Target, TransportKind, encode_descriptor
 
@@ -194,3 +197,23 @@ def test_auto_picks_shm_on_this_host_rdma_where_an_engine_runs_and_http_otherwis
             ObjectCacheClient("http://kv.example:9000", t.access_key, t.secret_key, "b", rdma_engine="pyverbs")._transport_kind("rdma")
     with pytest.raises(ValueError, match="rdma_engine must be"):
         kind("http://kv.example:9000", rdma_engine="ucx")
+
+
+def test_x_amz_rdma_token_over_pyverbs_must_name_the_registered_region_and_queue_pair(verbs_node, tenants, stored):
+    s3 = boto_client(verbs_node.endpoint, tenants["alice"])
+    body = bytes(range(256)) * 40
+    s3.put_object(Bucket="kv-verbs", Key="plain", Body=body)
+
+    async def go():
+        async with verbs_client(verbs_node, tenants["alice"], "kv-verbs") as c:
+            assert (await c.get_object_rdma("plain")).tobytes() == body
+            async with c.rdma_memory(len(body)) as (token, view):
+                t = RdmaToken.parse(token)
+                assert t.rkey and t.qp_num and t.lid == CLIENT_LID
+                view[:16] = b"\0" * 16
+                for wrong in (replace(t, rkey=t.rkey + 1), replace(t, qp_num=t.qp_num + 1)):
+                    r = signed(verbs_node.endpoint, tenants["alice"], "GET", "/kv-verbs/plain", headers={"x-amz-rdma-token": wrong.encode()})
+                    assert r.status == 501 and r.headers["x-amz-rdma-reply"] == "501" and b"does not describe memory" in r.body
+                assert bytes(view[:16]) == b"\0" * 16
+
+    run(go())
