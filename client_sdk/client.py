@@ -420,15 +420,18 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: memoryview | np.ndarray | None = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
+                           out: Any = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
         shared-memory region), ``"http"`` (anywhere: bytes in the response) or
         ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
         is the per-layer compute time of the request's miss tokens (seconds),
-        which the server's bandwidth allocator uses. ``out`` (http only) is a
-        buffer of at least ``N·L·S`` bytes to fill instead of a new one.
+        which the server's bandwidth allocator uses. ``out`` (http and rdma) is
+        memory of at least ``N·L·S`` bytes to fill instead of the SDK's own: any
+        writable buffer-protocol object (numpy, bytearray, mmap) or CPU torch
+        tensor; over rdma it is registered on first use and reused whenever the
+        same memory is passed again.
         ``verify`` checks each layer's CRC32C; by default it does over ``http``
         (the bytes crossed sockets) and not over ``shm``, where the server
         writes the very pages this process reads. When not verifying, the

@@ -79,7 +79,7 @@ class ShmDestinations(Destinations):
 
     async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
         if out is not None:
-            raise ValueError("out is for the http transport; over shm the payload lands in a registered region")
+            raise ValueError("out is for the http and rdma transports; over shm the payload lands in a registered region")
         region = await self.pool.acquire(payload_bytes)
         target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
         return Destination(target, region.region.view[:payload_bytes], region)

@@ -26,6 +26,7 @@ from protocol.rdma_token import RdmaToken
 from protocol.verbs import ENGINE, MemoryRegion, Opcode, QpLink, QpState, VerbsDevice, decode_imm
 from protocol.wire import Target, TransportKind
 
+from .buffers import host_memory
 from .destinations import Destination, Destinations
 
 MIN_BUFFER = 64 << 20
@@ -50,6 +51,7 @@ class VerbsBuffer:
     busy: bool = False
     tag: int = 0
     landed: set[int] = field(default_factory=set)
+    user: bool = False  # the caller's memory (``out``): used only when passed again
 
     def expect(self, tag: int) -> None:
         self.tag, self.landed = tag, set()
@@ -90,11 +92,10 @@ class VerbsDestinations(Destinations):
         self._buffers: list[VerbsBuffer] = []
         self._lock = asyncio.Lock()
 
-    async def _new_buffer(self, nbytes: int) -> VerbsBuffer:
+    async def _new_buffer(self, buf: np.ndarray) -> VerbsBuffer:
         if self._device is None:
             self._device = self._open_device()
         device = self._device
-        buf = np.empty(nbytes, np.uint8)
         mr = device.reg_mr(buf.ctypes.data, buf.nbytes, remote_write=True)
         cq = device.create_cq(RECV_DEPTH + 16)
         link = QpLink(device, cq, 1, RECV_DEPTH, remote_write=True)
@@ -112,18 +113,23 @@ class VerbsDestinations(Destinations):
             raise
         return VerbsBuffer(buf, mr, link, cq, bytes.fromhex(reply.region_id), bytes.fromhex(reply.token))
 
-    async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
-        if out is not None:
-            raise ValueError("out is for the http transport; over rdma the payload lands in registered memory")
+    async def acquire(self, payload_bytes: int, out: Any) -> Destination:
+        """A registered buffer: the SDK's own, or ``out`` (the caller's host memory, registered once and reused)."""
+        mine = host_memory(out, payload_bytes) if out is not None else None
         async with self._lock:
             for b in [b for b in self._buffers if not b.busy and b.link.state is QpState.ERROR]:
                 self._buffers.remove(b)  # its connection failed: the server is told of a new one instead
                 self._free(b)
-            fits = [b for b in self._buffers if not b.busy and b.buf.nbytes >= payload_bytes and b.link.state is QpState.RTS]
+            if mine is not None:
+                fits = [b for b in self._buffers if b.user and not b.busy and b.buf.ctypes.data == mine.ctypes.data
+                        and b.buf.nbytes == mine.nbytes and b.link.state is QpState.RTS]
+            else:
+                fits = [b for b in self._buffers if not b.user and not b.busy and b.buf.nbytes >= payload_bytes and b.link.state is QpState.RTS]
             if fits:
                 b = min(fits, key=lambda b: b.buf.nbytes)
             else:
-                b = await self._new_buffer(max(payload_bytes, MIN_BUFFER))
+                b = await self._new_buffer(mine if mine is not None else np.empty(max(payload_bytes, MIN_BUFFER), np.uint8))
+                b.user = mine is not None
                 self._buffers.append(b)
             b.busy = True
         target = Target(TransportKind.RDMA, b.region_id, b.token, 0, payload_bytes)

@@ -217,3 +217,18 @@ def test_x_amz_rdma_token_over_pyverbs_must_name_the_registered_region_and_queue
                 assert bytes(view[:16]) == b"\0" * 16
 
     run(go())
+
+
+def test_the_callers_own_memory_gets_its_own_queue_pair_once(verbs_node, tenants, stored):
+    layout, keys, chunks = stored[16]
+    mine = np.zeros(layout.payload_bytes(30), np.uint8)
+
+    async def go():
+        async with verbs_client(verbs_node, tenants["alice"], "kv-verbs") as c:
+            qps = set(verbs_node.fabric.qps)
+            for _ in range(3):
+                await c.fetch(keys[:30], layout, "rdma", out=mine)
+                assert np.array_equal(mine.reshape(layout.num_layers, -1), reference(layout, chunks[:30]))
+            assert len(set(verbs_node.fabric.qps) - qps) == 2  # one queue pair each side, for this memory, reused
+
+    run(go())
