@@ -63,6 +63,9 @@ class TransferInfo:
 PacerFactory = Callable[[TransferInfo], Pacer | None]
 # Opens the RDMA device for the pyverbs engine (by name, "" = the first); pyverbs by default.
 VerbsOpener = Callable[[str], VerbsDevice]
+# Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
+# statistics when it completed (the metrics plug in here).
+TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
 
 
 def open_pyverbs(name: str) -> VerbsDevice:
@@ -70,9 +73,6 @@ def open_pyverbs(name: str) -> VerbsDevice:
     if not ok:
         raise S3Error(ErrorCode.NotImplemented, f"The rdma transport's pyverbs engine cannot run on this storage server: {why}.")
     return PyverbsDevice(name)
-# Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
-# statistics when it completed (the metrics plug in here).
-TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
 
 
 class Pacers:
@@ -160,7 +160,11 @@ class KVService:
                 raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
             link = NixlLink(self._nixl, self._nixl.add_client(metadata), r.addr, r.size, r.device)
         tenant = call.field("tenant")
-        region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)
+        try:
+            region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)
+        except BaseException:
+            link.close()
+            raise
         return RegisterReply(region.region_id.hex(), region.token.hex(), region.size, server_end).to_json()
 
     async def unregister(self, call: RpcCall) -> Reply:

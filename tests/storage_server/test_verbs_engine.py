@@ -210,3 +210,12 @@ def test_real_device_loopback():
 
     asyncio.run(go())
     assert np.array_equal(buf[4096 : 4096 + staging.nbytes], staging)
+
+
+@pytest.mark.skipif(verbs_available()[0], reason="this host has a device: the engine opens")
+def test_the_pyverbs_engine_without_a_device_is_a_clear_501():
+    from storage_server.kv_service import open_pyverbs
+
+    with pytest.raises(S3Error) as e:
+        open_pyverbs("")
+    assert e.value.code.name == "NotImplemented" and "pyverbs engine cannot run" in e.value.message and verbs_available()[1] in e.value.message
