@@ -47,7 +47,9 @@ class JsonRecord:
     """A dataclass that travels as a JSON object; decoding names the missing or mistyped field."""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """Fields that are None by default and now are left out: peers that predate them see what they always did."""
+        obj = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {f.name: obj[f.name] for f in fields(self) if not (obj[f.name] is None and f.default is None)}  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls: type[R], obj: object) -> R:

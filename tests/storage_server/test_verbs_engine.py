@@ -179,6 +179,7 @@ def test_registration_records_round_trip_through_json():
     assert RdmaRegisterRequest.from_json(req.to_json()) == req
     reply = RegisterReply("aa", "bb", 10, VerbsPeer(1, 2, 3, "00" * 16))
     assert RegisterReply.from_json(reply.to_json()) == reply
+    assert RegisterReply("aa", "bb", 10).to_json() == {"region_id": "aa", "token": "bb", "size": 10}  # shm and nixl: as before
     with pytest.raises(S3Error) as e:
         RdmaRegisterRequest.from_json({**req.to_json(), "verbs": {"qp_num": 1}})
     assert e.value.extra["ArgumentName"] == "psn"
