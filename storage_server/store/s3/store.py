@@ -25,7 +25,7 @@ from ..rules import check_immutable_reput, verify_received
 from .buckets import RESERVED, BucketMarkers, check_key, is_reserved
 from .listing import list_page
 from .objects import PartCutter, Stored, open_upstream, put_args, stored
-from .uploads import UploadOps
+from .uploads import PartAttempts, UploadOps
 from .upstream import Upstream
 
 Listener = Callable[[str, list[str]], None]
@@ -36,6 +36,7 @@ class S3Store(UploadOps, ObjectStore):
         self.cfg = cfg
         self.up = Upstream(cfg)
         self.buckets = BucketMarkers(self.up)
+        self.attempts = PartAttempts()
         # Told (bucket, keys) after keys change through this process, so a chunk cache drops stale copies.
         self.listeners: list[Listener] = []
 
@@ -186,12 +187,19 @@ class S3Store(UploadOps, ObjectStore):
                 raise S3Error(ErrorCode.ServiceUnavailable, f"The upstream store could not delete {err.get('Key')!r} ({err.get('Code')}); retry.")
 
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
-        """A server-side copy of exactly ``src``'s version (``CopySourceIfMatch``), under new metadata."""
+        """A server-side copy of exactly ``src``'s version (``CopySourceIfMatch``), under new metadata.
+
+        An immutable KV chunk at the destination stays one: only its own bytes may be copied onto it.
+        """
         check_key(bucket, key)
+        existing = await self._existing(bucket, key)
+        immutable = existing is not None and existing.immutable
+        if immutable and (src.bucket, src.key) != (bucket, key):
+            check_immutable_reput(existing.meta, replace(src, bucket=bucket, key=key))  # type: ignore[union-attr]
         try:
             resp = await self.up.call("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": src.bucket, "Key": src.key},
                                       CopySourceIfMatch=src.etag, MetadataDirective="REPLACE", missing=ErrorCode.NoSuchBucket,
-                                      resource=f"/{bucket}/{key}", **put_args(spec, owner, src.checksums, False))
+                                      resource=f"/{bucket}/{key}", **put_args(spec, owner, src.checksums, immutable))
         except S3Error as e:
             if e.code == ErrorCode.PreconditionFailed:
                 raise S3Error(ErrorCode.ServiceUnavailable, f"Object {src.key!r} was replaced while it was being copied; retry.") from None
