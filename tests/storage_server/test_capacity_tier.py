@@ -114,6 +114,33 @@ def test_objects_and_bucket_ownership_are_the_same_on_every_node(tier):
     assert code(e) == "InvalidArgument"
 
 
+def test_tags_acls_and_parts_set_through_one_node_hold_on_the_other(tier):
+    _, a, b, people, _ = tier
+    alice_a, alice_b = boto_client(a.endpoint, people["alice"]), boto_client(b.endpoint, people["alice"])
+    bob_a, bob_b = boto_client(a.endpoint, people["bob"]), boto_client(b.endpoint, people["bob"])
+    alice_a.create_bucket(Bucket="attrs")
+    alice_a.put_bucket_tagging(Bucket="attrs", Tagging={"TagSet": [{"Key": "team", "Value": "kv"}]})
+    assert alice_b.get_bucket_tagging(Bucket="attrs")["TagSet"] == [{"Key": "team", "Value": "kv"}]
+    alice_a.put_object(Bucket="attrs", Key="doc", Body=b"shared", ACL="public-read", Tagging="tier=hot")
+    assert bob_b.get_object(Bucket="attrs", Key="doc")["Body"].read() == b"shared"  # public-read, seen by the other node
+    alice_b.put_object_acl(Bucket="attrs", Key="doc", ACL="private")
+    for bob in (bob_a, bob_b):  # at once on both nodes: the ACL is read from the upstream with the object
+        with pytest.raises(ClientError) as e:
+            bob.get_object(Bucket="attrs", Key="doc")
+        assert code(e) == "AccessDenied"
+    alice_b.put_object_tagging(Bucket="attrs", Key="doc", Tagging={"TagSet": [{"Key": "tier", "Value": "cold"}]})
+    assert alice_a.get_object_tagging(Bucket="attrs", Key="doc")["TagSet"] == [{"Key": "tier", "Value": "cold"}]
+    big = 5 * 1024 * 1024
+    upload = alice_a.create_multipart_upload(Bucket="attrs", Key="mp")["UploadId"]
+    parts = [{"PartNumber": n, "ETag": alice_a.upload_part(Bucket="attrs", Key="mp", UploadId=upload, PartNumber=n, Body=data)["ETag"]}
+             for n, data in ((1, b"a" * big), (2, b"tail"))]
+    alice_a.complete_multipart_upload(Bucket="attrs", Key="mp", UploadId=upload, MultipartUpload={"Parts": parts})
+    head = alice_b.head_object(Bucket="attrs", Key="mp", PartNumber=2)
+    assert (head["ContentLength"], head["PartsCount"]) == (4, 2)
+    assert alice_b.get_object(Bucket="attrs", Key="mp", PartNumber=2)["Body"].read() == b"tail"
+    assert len(alice_b.get_object(Bucket="attrs", Key="mp", PartNumber=1)["Body"].read()) == big
+
+
 def test_a_restarted_node_serves_its_cache_without_refetching(tier):
     moto, a, _, people, root = tier
     bucket = "kv-restart"

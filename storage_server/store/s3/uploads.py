@@ -33,7 +33,7 @@ from ..object_store import BodyStream, ByteRange, ObjectMeta, PartInfo, PutSpec,
 from ..rules import check_immutable_reput, completed_meta, select_parts, verify_received
 from .buckets import RESERVED, check_key
 from .listing import list_page
-from .objects import PartCutter, put_args
+from .objects import PartCutter, put_args, record_part_sizes
 
 if TYPE_CHECKING:
     from .store import S3Store
@@ -87,7 +87,7 @@ class PartAttempts:
 
 def _spec_json(spec: PutSpec) -> dict[str, Any]:
     return {"content_type": spec.content_type, "user_metadata": spec.user_metadata, "system_headers": spec.system_headers,
-            "checksum_algorithms": list(spec.checksum_algorithms), "immutable": spec.immutable}
+            "checksum_algorithms": list(spec.checksum_algorithms), "immutable": spec.immutable, "tags": spec.tags, "acl": spec.acl}
 
 
 def _no_upload(upload_id: str) -> S3Error:
@@ -101,7 +101,7 @@ class UploadOps:
         check_key(bucket, key)
         alg = _algorithm(spec)
         resp = await self.up.call("create_multipart_upload", Bucket=bucket, Key=key, missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
-                                  **put_args(spec, owner, {}, spec.immutable), **({"ChecksumAlgorithm": alg} if alg else {}))
+                                  **put_args(spec, owner, {}, spec.immutable, multipart=True), **({"ChecksumAlgorithm": alg} if alg else {}))
         info = UploadInfo(resp["UploadId"], bucket, key, time.time(), owner, spec)
         record = {"key": key, "owner": owner, "initiated": info.initiated, "spec": _spec_json(spec)}
         await self.up.call("put_object", Bucket=bucket, Key=_record_key(info.upload_id), Body=json.dumps(record).encode(),
@@ -120,7 +120,8 @@ class UploadOps:
             raise _no_upload(upload_id)
         s = raw["spec"]
         spec = PutSpec(content_type=s["content_type"], user_metadata=s["user_metadata"], system_headers=s["system_headers"],
-                       checksum_algorithms=tuple(s["checksum_algorithms"]), immutable=s["immutable"])
+                       checksum_algorithms=tuple(s["checksum_algorithms"]), immutable=s["immutable"], tags=s.get("tags", {}),
+                       acl=s.get("acl", "private"))
         return UploadInfo(upload_id, bucket, key, float(raw["initiated"]), raw["owner"], spec)
 
     async def upload_part(self: "S3Store", upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo:
@@ -199,9 +200,11 @@ class UploadOps:
                                   MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
                                                               **{f"Checksum{a}": v for a, v in p.checksums.items()}} for p in chosen]},
                                   missing=ErrorCode.NoSuchUpload)
+        etag = resp.get("ETag", meta.etag)
+        await record_part_sizes(self.up, upload.bucket, upload.key, etag, meta.part_sizes)
         await self._forget_upload(upload)
         self._changed(upload.bucket, [upload.key])
-        return replace(meta, etag=resp.get("ETag", meta.etag))
+        return replace(meta, etag=etag)
 
     async def abort_upload(self: "S3Store", upload: UploadInfo) -> None:
         await self.up.call("abort_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, missing=ErrorCode.NoSuchUpload)
