@@ -333,6 +333,10 @@ class TransferStats:
     first_layer_s: float = 0.0
     # Bandwidth allocation for layerwise transfers (scheduler): policy, rate, epoch.
     allocation: dict = field(default_factory=dict)
+    # From the request's arrival to the first read: descriptor decode, pinning the chunks, planning.
+    setup_s: float = 0.0
+    # Layerwise: per layer [read start, read end, ready (its LAYER frame sent)], seconds from the start of the transfer.
+    layer_timeline: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

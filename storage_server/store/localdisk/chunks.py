@@ -1,7 +1,7 @@
 """The local-disk store as a chunk source: chunk files pinned through a shared open-file cache, bounded by ``cache.max_bytes``.
 
 Pinning a chunk takes a reference on its open file descriptor (opened once,
-kept between transfers; see :mod:`storage_server.store.localdisk.open_files`). A delete
+kept between transfers, and mapped; see :mod:`storage_server.store.localdisk.open_files`). A delete
 or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
 
@@ -23,6 +23,7 @@ from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.lru import LruPolicy
 from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .open_files import MissingFile, OpenFileCache
 from .store import LocalDiskStore
@@ -37,7 +38,8 @@ def _name(bucket: str, key: str) -> str:
 class LocalDiskChunkSource(ChunkSource):
     def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int) -> None:
         self.store = store
-        self.files = OpenFileCache(open_files)
+        # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
+        self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
         self.lru = LruPolicy()
         for bucket, key, size in store.index.chunk_objects():
@@ -82,8 +84,9 @@ class LocalDiskChunkSource(ChunkSource):
         names = [_name(bucket, k) for k in keys]
         self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
         paths = [loc[0] for loc in found]  # type: ignore[index]
+        sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
-            fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths)
+            fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
         except MissingFile as e:
             self.lru.unpin(names)
             key = keys[e.index]
@@ -92,7 +95,7 @@ class LocalDiskChunkSource(ChunkSource):
             self.lru.unpin(names)
             raise
         self.lru.touch_chain(names)
-        handles = [ChunkHandle(fd, 0, loc[1]) for fd, loc in zip(fds, found)]  # type: ignore[index]
+        handles = [ChunkHandle(fd, 0, size, slot) for fd, size, slot in zip(fds, sizes, self.files.slots(paths))]
         return PinnedChunks(handles, functools.partial(self._release, paths, names))
 
     def _release(self, paths: list[str], names: list[str]) -> None:
