@@ -25,6 +25,7 @@ from ..cache.lru import LruPolicy
 from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
+from .locations import Location, LocationCache
 from .open_files import MissingFile, OpenFileCache
 from .store import LocalDiskStore
 
@@ -46,9 +47,19 @@ class LocalDiskChunkSource(ChunkSource):
             self.lru.add(_name(bucket, key), size)
         self.evicted = 0
         self._trimming: asyncio.Task | None = None
+        self.locations = LocationCache(store.index.db_path)
+
+    async def _locate(self, bucket: str, keys: list[str]) -> list[Location | None]:
+        """Each key's (file, size), or None: remembered while the metadata is unchanged, else asked of the index."""
+        found: list[Location | None] | None = self.locations.get(bucket, keys)  # type: ignore[assignment]
+        if found is None:
+            version = self.locations.seen
+            found = await self.store.locate(bucket, keys)
+            self.locations.put(bucket, keys, found, version)
+        return found
 
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
-        found = await self.store.locate(bucket, keys)
+        found = await self._locate(bucket, keys)
         return next((i for i, loc in enumerate(found) if loc is None), len(found))
 
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
@@ -77,7 +88,7 @@ class LocalDiskChunkSource(ChunkSource):
             self.evicted += len(keys)
 
     async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
-        found = await self.store.locate(bucket, keys)
+        found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
                 raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
@@ -113,7 +124,7 @@ class LocalDiskChunkSource(ChunkSource):
         return {"closed_fds_of_deleted_chunks": closed}
 
     def status(self) -> dict[str, object]:
-        return {"open_file_cache": self.files.status(),
+        return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
                 "chunk_bytes": {"bytes": self.lru.used, "max_bytes": self.max_bytes, "chunks": len(self.lru),
                                 "pinned_bytes": self.lru.pinned_bytes, "evicted": self.evicted}}
 
@@ -121,3 +132,4 @@ class LocalDiskChunkSource(ChunkSource):
         if self._trimming is not None:
             await asyncio.gather(self._trimming, return_exceptions=True)
         self.files.close()
+        self.locations.close()
