@@ -39,19 +39,21 @@ class BenchServer:
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def restart(self, extra_toml: str = "") -> "BenchServer":
-        """The same store and credentials under a new configuration (e.g. another bandwidth policy)."""
+    def restart(self, extra_toml: str = "", same_port: bool = False) -> "BenchServer":
+        """The same store and credentials under a new configuration (e.g. another bandwidth policy);
+        ``same_port``: at the same endpoint, so clients of the old process carry on (they reconnect and re-register)."""
         self.stop(keep_data=True)
-        return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key))
+        port = int(self.endpoint.rsplit(":", 1)[1].split("/", 1)[0]) if same_port else 0
+        return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key), port=port)
 
 
-def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None) -> BenchServer:
-    """``objectcache serve`` on a free port with one tenant, in a temporary data directory."""
+def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None, port: int = 0) -> BenchServer:
+    """``objectcache serve`` on ``port`` (0: a free one) with one tenant, in a temporary data directory."""
     root = root or Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
-    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", str(port)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             # No access log: one line per request would flood the benchmark's terminal (and cost time).
                             env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, "PYTHONPATH": str(REPO)})
