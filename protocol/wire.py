@@ -337,6 +337,9 @@ class TransferStats:
     setup_s: float = 0.0
     # Layerwise: per layer [read start, read end, ready (its LAYER frame sent)], seconds from the start of the transfer.
     layer_timeline: list = field(default_factory=list)
+    # Page-cache hit ratio of a sample of the chunks, and the bytes of cold chunks read ahead because of it.
+    resident_sample: float = 1.0
+    read_ahead_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

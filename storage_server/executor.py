@@ -30,6 +30,7 @@ from awscrt.checksums import crc32c
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
+from .residency import read_ahead, read_ahead_budget, resident_fraction
 from .store import ChunkHandle
 from .transports import Transport
 
@@ -171,6 +172,20 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        # Cold chunks (a sampled one is not in the page cache): the kernel reads them all ahead, deep-queued.
+        resident = resident_fraction(plan.fds, plan.offsets)
+        ahead = None if resident == 1.0 else loop.run_in_executor(
+            None, read_ahead, plan.fds, plan.offsets, [d.num_layers * d.per_layer_chunk_bytes] * len(plan.fds), read_ahead_budget())
+        try:
+            stats = await self._run(plan, transport, pacer, started)
+        finally:
+            read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
+        stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
+        return stats
+
+    async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
+        d = plan.descriptor
+        loop = asyncio.get_running_loop()
         read_s = deliver_s = first_layer_s = 0.0
         timeline: list[list[float]] = []  # layerwise: per layer read start, read end, ready
         if plan.mode == Mode.CHUNKWISE:
