@@ -52,6 +52,9 @@ def test_bench_transfer(tmp_path):
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
+    # The median of three timed runs, reported with every run (S3-range: one run, scaled).
+    assert all(len(p["runs_gb_per_s"]) == (1 if name == "S3-range" else 3) for name, p in row["paths"].items())
+    assert all(min(p["runs_gb_per_s"]) <= p["gb_per_s"] <= max(p["runs_gb_per_s"]) for p in row["paths"].values())
     codec = row["descriptor"]
     assert codec["keys"] == row["chunks"] and codec["bytes"] > 0
     assert positive(codec["encode_us_per_1k_keys"]) and positive(codec["decode_us_per_1k_keys"])
@@ -66,6 +69,10 @@ def test_bench_ttft(tmp_path):
         # Every path computes all 32 layers, so none can finish before the compute alone.
         assert all(p["ttft_s"] >= 32 * r["compute_per_layer_s"] for p in r["paths"].values())
     assert "ObjectCache-LW beats S3-CW everywhere" in result["targets"]
+    for r in result["rows"]:  # the per-layer timeline of ObjectCache-LW's median run
+        t = r["timeline"]
+        assert len(t["layers"]) == 32 and t["setup_s"] > 0 and 0 < t["first_layer_s"] <= r["paths"]["ObjectCache-LW"]["ttft_s"]
+        assert all(0 <= x["read_start_s"] <= x["read_end_s"] <= x["ready_s"] and x["consumer_wait_s"] >= 0 for x in t["layers"])
 
 
 def test_bench_sched(tmp_path):
