@@ -143,6 +143,11 @@ class RegionPool:
             self._regions.remove(r)
         r.region.close()
 
+    def forget_idle(self) -> None:
+        """Drop every region no fetch is using (the server restarted and knows none of them)."""
+        for r in [r for r in self._regions if not r.busy]:
+            self.forget(r)
+
     def close(self) -> list[RegisteredRegion]:
         regions, self._regions = self._regions, []
         for r in regions:

@@ -468,8 +468,9 @@ class ObjectCacheClient:
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
                         raise
-                    # The storage server restarted and forgot our region: register afresh, retry once.
+                    # The storage server restarted and forgot our region (and so every other): register afresh, retry once.
                     destinations.forget(dest)
+                    destinations.forget_idle()
                     dest = None
             assert resp is not None and dest is not None
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))

@@ -54,6 +54,13 @@ class Destinations(abc.ABC):
     def forget(self, dest: Destination) -> None:
         """The server no longer knows this destination (it restarted): never reuse it."""
 
+    def forget_idle(self) -> None:
+        """The server forgot one of our registrations, most likely by restarting: every idle one is suspect.
+
+        Dropping them all costs one re-registration each when next needed; keeping them would
+        make each retry pick another stale one.
+        """
+
     def close(self) -> list[RegisteredRegion]:
         """Free everything; the regions the server should be told to unregister."""
         return []
@@ -102,6 +109,9 @@ class ShmDestinations(Destinations):
         if dest.region is not None:
             self.pool.forget(dest.region)
             dest.region = None
+
+    def forget_idle(self) -> None:
+        self.pool.forget_idle()
 
     def close(self) -> list[RegisteredRegion]:
         return self.pool.close()

@@ -119,12 +119,19 @@ class RdmaDestinations(Destinations):
             dest.rdma.busy = False
 
     def forget(self, dest: Destination) -> None:
-        b = dest.rdma
-        if b is not None and b in self._buffers:
+        if dest.rdma is not None:
+            self._drop(dest.rdma)
+            dest.rdma = None
+
+    def forget_idle(self) -> None:
+        for b in [b for b in self._buffers if not b.busy]:
+            self._drop(b)
+
+    def _drop(self, b: RdmaBuffer) -> None:
+        if b in self._buffers:
             self._buffers.remove(b)
             if self._engine is not None:
                 self._engine.deregister(b.handle)
-            dest.rdma = None
 
     def close(self) -> list:
         buffers, self._buffers = self._buffers, []

@@ -157,11 +157,18 @@ class VerbsDestinations(Destinations):
         b.link.device.dereg_mr(b.mr)
 
     def forget(self, dest: Destination) -> None:
-        b = dest.rdma
-        if b is not None and b in self._buffers:
+        if dest.rdma is not None:
+            self._drop(dest.rdma)
+            dest.rdma = None
+
+    def forget_idle(self) -> None:
+        for b in [b for b in self._buffers if not b.busy]:
+            self._drop(b)
+
+    def _drop(self, b: VerbsBuffer) -> None:
+        if b in self._buffers:
             self._buffers.remove(b)
             self._free(b)
-            dest.rdma = None
 
     def close(self) -> list:
         buffers, self._buffers = self._buffers, []

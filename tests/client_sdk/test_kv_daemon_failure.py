@@ -114,3 +114,31 @@ def test_gateway_reaches_storage_server_over_tcp(tmp_path):
         run(scenario())
     finally:
         proc.stop()
+
+
+def test_a_client_with_several_idle_regions_fetches_after_the_storage_server_restarts(tmp_path):
+    """A restarted storage server knows none of the client's regions: the SDK drops them all and
+    registers afresh, rather than retrying with another region the server has also forgotten."""
+    tenant = make_tenants("t")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n')
+    storage = ServerProcess(config, command="storage-server").start()
+    gateway = ServerProcess(config, command="gateway").start()
+    try:
+        boto_client(gateway.endpoint, tenant).create_bucket(Bucket="kvr")
+        layout = tiny_layout(16)
+        keys, chunks = keys_for(layout, 8, "r"), make_chunks(layout, 8, seed=5)
+
+        async def scenario():
+            async with client(gateway, tenant, "kvr") as c:
+                await c.put_chunks(keys, chunks, layout)
+                await c.warm_up(layout.payload_bytes(len(keys)), regions=3)
+                storage.stop()
+                storage.start()
+                payload, _ = await c.fetch(keys, layout, "shm")
+                assert np.array_equal(payload, reference(layout, chunks))
+
+        run(scenario())
+    finally:
+        gateway.stop()
+        if storage.proc.poll() is None:
+            storage.stop()
