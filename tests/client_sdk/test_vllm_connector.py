@@ -1,0 +1,163 @@
+"""ObjectCache as vLLM's KV connector, end to end: a real vLLM engine (the tiny model), a real node.
+
+One engine runs in this process for the whole module (starting one costs seconds); a fresh
+process runs a second one. A reference engine without any connector runs in a third process,
+started first so it overlaps the others. vLLM's own prefix cache is off, so every cached token
+came through ObjectCache. Greedy decoding: a loaded prefix must give exactly the reference tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from kvsupport import rpc
+from support import REPO, ServerProcess, boto_client, make_tenants, write_config
+from tinymodel import build
+from vllm_support import BLOCK, DTYPE, ENV, generate, make_llm
+
+from client_sdk import chunk_keys
+from client_sdk.sync import SyncObjectCacheClient
+from client_sdk.vllm_connector.config import ConnectorConfig, namespace
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install 'objectcache[vllm]'; make test does)")
+
+BUCKET = "vllm-kv"
+MAX_TOKENS = 12
+rng = np.random.default_rng(7)
+
+
+def _prompt(prefix: list[int], extra: int) -> list[int]:
+    return prefix + rng.integers(3, 400, size=extra).tolist()
+
+
+_PREFIX = rng.integers(3, 400, size=4 * BLOCK).tolist()
+PROMPTS = {
+    "first": _prompt(_PREFIX, 21),                                   # stores the shared prefix (4 blocks)
+    "shared": _prompt(_PREFIX, 30),                                  # same prefix, other suffix: loads 4 blocks
+    "tampered": _prompt(rng.integers(3, 400, size=3 * BLOCK).tolist(), 9),
+    "failed": _prompt(rng.integers(3, 400, size=5 * BLOCK).tolist(), 5),
+}
+NAMES = list(PROMPTS)
+
+
+def _run_engine(spec: dict, tmp_path) -> subprocess.Popen:
+    path = tmp_path / f"spec-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(spec))
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_support.py"), str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**__import__("os").environ, **ENV, "PYTHONPATH": str(REPO)})
+
+
+def _result(proc: subprocess.Popen, timeout: float = 240) -> list[dict]:
+    out, _ = proc.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, out[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory):
+    """Every prompt's tokens from an engine with no connector at all (a fresh process, started now)."""
+    proc = _run_engine({"model": model_dir, "prompts": list(PROMPTS.values()), "max_tokens": MAX_TOKENS}, tmp_path_factory.mktemp("ref"))
+    cache: dict[str, list[int]] = {}
+
+    def get(name: str) -> list[int]:
+        if not cache:
+            cache.update({n: r["tokens"] for n, r in zip(NAMES, _result(proc))})
+        return cache[name]
+
+    yield get
+    if proc.poll() is None:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """Gateway and storage server as separate processes (the failure test kills the storage server).
+
+    The bandwidth pool paces layerwise transfers to about two layers of a 5-chunk load per second,
+    so a test can kill the storage server while a load is in flight.
+    """
+    root = tmp_path_factory.mktemp("vllm-node")
+    tenant = make_tenants("v")[0]
+    layer_bytes = 5 * 2 * BLOCK * 2 * 32 * 4  # 5 chunks × (K,V) × 32 tokens × 2 KV heads × head_dim 32 × fp32
+    gbps = layer_bytes * 2 * 8 / 1e9
+    config = write_config(root / "c.toml", root / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 1\n'))
+    storage = ServerProcess(config, command="storage-server").start()
+    gateway = ServerProcess(config, command="gateway").start()
+    storage.rpc_socket = str(root / "ss.sock")
+    boto_client(gateway.endpoint, tenant).create_bucket(Bucket=BUCKET)
+    yield storage, gateway, tenant
+    gateway.stop()
+    if storage.proc.poll() is None:
+        storage.stop()
+
+
+@pytest.fixture(scope="module")
+def extra_config(node) -> dict:
+    _, gateway, tenant = node
+    return {"endpoint": gateway.endpoint, "access_key": tenant.access_key, "secret_key": tenant.secret_key, "bucket": BUCKET, "transport": "auto"}
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir, extra_config, reference):
+    engine = make_llm(model_dir, extra_config)
+    yield engine
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    get_kv_transfer_group().shutdown()
+
+
+@pytest.fixture(scope="module")
+def sdk(extra_config):
+    c = SyncObjectCacheClient(extra_config["endpoint"], extra_config["access_key"], extra_config["secret_key"], BUCKET)
+    yield c
+    c.close()
+
+
+def keys_of(model_dir: str, prompt: list[int]) -> list[str]:
+    """The chunk keys the connector gives the prompt's full blocks (rank 0 of 1)."""
+    ns = namespace(ConnectorConfig("http://unused", "a", "b"), model_dir, DTYPE, 0, 1)
+    return chunk_keys(prompt, BLOCK, ns)
+
+
+def wait_stored(sdk, keys: list[str], timeout: float = 30) -> None:
+    """Saves are put in the background, after the step that computed them: wait until they are in."""
+    deadline = time.monotonic() + timeout
+    while sdk.lookup(keys) < len(keys):
+        assert time.monotonic() < deadline, f"only {sdk.lookup(keys)} of {len(keys)} chunks were stored"
+        time.sleep(0.05)
+
+
+def worker_stats() -> dict:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return dict(get_kv_transfer_group()._worker.stats)
+
+
+def test_a_second_generate_loads_the_shared_prefix_and_gives_the_same_tokens(llm, sdk, model_dir, reference):
+    first = generate(llm, [PROMPTS["first"]], MAX_TOKENS)[0]
+    assert first["cached"] == 0 and first["tokens"] == reference("first")
+    keys = keys_of(model_dir, PROMPTS["first"])
+    assert len(keys) == 4
+    wait_stored(sdk, keys)
+    before = worker_stats()
+    shared = generate(llm, [PROMPTS["shared"]], MAX_TOKENS)[0]
+    assert shared["cached"] == 4 * BLOCK, "the shared prefix was not loaded from ObjectCache"
+    assert worker_stats()["loaded_chunks"] - before["loaded_chunks"] == 4
+    assert shared["tokens"] == reference("shared")
+    # The same prompt again: its own stored prefix (the whole of it but the last partial block).
+    again = generate(llm, [PROMPTS["first"]], MAX_TOKENS)[0]
+    assert again == {"tokens": reference("first"), "cached": 4 * BLOCK}
