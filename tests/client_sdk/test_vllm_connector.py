@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -51,7 +52,7 @@ def _run_engine(spec: dict, tmp_path) -> subprocess.Popen:
     path = tmp_path / f"spec-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(spec))
     return subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_support.py"), str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**__import__("os").environ, **ENV, "PYTHONPATH": str(REPO)})
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **ENV, "PYTHONPATH": str(REPO)})
 
 
 def _result(proc: subprocess.Popen, timeout: float = 240) -> list[dict]:
@@ -86,15 +87,16 @@ def reference(model_dir, tmp_path_factory):
 def node(tmp_path_factory):
     """Gateway and storage server as separate processes (the failure test kills the storage server).
 
-    The bandwidth pool paces layerwise transfers to about two layers of a 5-chunk load per second,
-    so a test can kill the storage server while a load is in flight.
+    Every kv-get is layerwise (``theta_bytes = 0``) and the bandwidth pool paces it to about two
+    layers of a 5-chunk load per second, so a test can kill the storage server while a load is
+    in flight.
     """
     root = tmp_path_factory.mktemp("vllm-node")
     tenant = make_tenants("v")[0]
     layer_bytes = 5 * 2 * BLOCK * 2 * 32 * 4  # 5 chunks × (K,V) × 32 tokens × 2 KV heads × head_dim 32 × fp32
     gbps = layer_bytes * 2 * 8 / 1e9
     config = write_config(root / "c.toml", root / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 1\n'))
+        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ntheta_bytes = 0\n\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 1\n'))
     storage = ServerProcess(config, command="storage-server").start()
     gateway = ServerProcess(config, command="gateway").start()
     storage.rpc_socket = str(root / "ss.sock")
@@ -161,3 +163,65 @@ def test_a_second_generate_loads_the_shared_prefix_and_gives_the_same_tokens(llm
     # The same prompt again: its own stored prefix (the whole of it but the last partial block).
     again = generate(llm, [PROMPTS["first"]], MAX_TOKENS)[0]
     assert again == {"tokens": reference("first"), "cached": 4 * BLOCK}
+
+
+def test_random_bytes_in_the_stored_chunks_change_the_output(llm, sdk, node, model_dir, reference):
+    """Proof that attention really reads the loaded KV: the same keys with random bytes give other tokens."""
+    _, gateway, tenant = node
+    prompt = PROMPTS["tampered"]
+    assert generate(llm, [prompt], MAX_TOKENS)[0] == {"tokens": reference("tampered"), "cached": 0}
+    keys = keys_of(model_dir, prompt)
+    wait_stored(sdk, keys)
+    # Chunks are immutable: delete them (plain S3), then store random bytes of the same size under the same keys.
+    s3 = boto_client(gateway.endpoint, tenant)
+    size = s3.head_object(Bucket=BUCKET, Key=keys[0])["ContentLength"]
+    s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys]})
+    noise = np.random.default_rng(1).integers(0, 256, size=(len(keys), size), dtype=np.uint8)
+    sdk.put_chunks(keys, list(noise))
+    tampered = generate(llm, [prompt], MAX_TOKENS)[0]
+    assert tampered["cached"] == len(keys) * BLOCK
+    assert tampered["tokens"] != reference("tampered"), "the output did not depend on the loaded KV"
+
+
+def test_a_fresh_process_loads_what_this_one_stored(llm, sdk, model_dir, extra_config, reference, tmp_path):
+    # "first" and "shared" were stored by the test above; run both in a new engine in a new process.
+    wait_stored(sdk, keys_of(model_dir, PROMPTS["shared"]))
+    proc = _run_engine({"model": model_dir, "prompts": [PROMPTS["shared"], PROMPTS["first"]], "max_tokens": MAX_TOKENS,
+                        "extra_config": extra_config}, tmp_path)
+    shared, first = _result(proc)
+    assert shared == {"tokens": reference("shared"), "cached": 4 * BLOCK}
+    assert first == {"tokens": reference("first"), "cached": 4 * BLOCK}
+
+
+def test_a_load_that_fails_midway_recomputes_and_gives_the_same_tokens(llm, sdk, node, model_dir, reference):
+    """The storage server is killed while a load is in flight: vLLM recomputes the blocks, the tokens are right."""
+    storage, _, _ = node
+    assert storage.proc.poll() is None, "".join(storage.output)[-3000:]
+    prompt = PROMPTS["failed"]
+    assert generate(llm, [prompt], MAX_TOKENS)[0] == {"tokens": reference("failed"), "cached": 0}
+    wait_stored(sdk, keys_of(model_dir, prompt))
+    killed = threading.Event()
+
+    def kill_when_loading() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                active = rpc(storage.rpc_socket, "status")["transfers_active"]
+            except OSError:  # the status socket is busy: ask again
+                active = []
+            if active:
+                storage.kill()
+                killed.set()
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_when_loading, daemon=True)
+    killer.start()
+    before = worker_stats()
+    out = generate(llm, [prompt], MAX_TOKENS)[0]
+    killer.join(5)
+    assert killed.is_set(), "no load was seen in flight"
+    assert worker_stats()["failed_loads"] == before["failed_loads"] + 1
+    assert out["tokens"] == reference("failed")
+    # Everything else keeps working without the storage server: lookups miss, saves are dropped.
+    assert generate(llm, [PROMPTS["shared"]], MAX_TOKENS)[0] == {"tokens": reference("shared"), "cached": 0}
