@@ -20,7 +20,13 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 
 
 def chunk_view(kv_layer: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[num_blocks, 2, block_size, kv_heads, head_dim]`` over the CPU backend's layer tensor (no copy)."""
+    """``[num_blocks, 2, block_size, kv_heads, head_dim]`` over the CPU backend's layer tensor (no copy).
+
+    Other backends' layouts are refused rather than guessed: a wrong guess would load wrong KV
+    without any error.
+    """
+    if kv_layer.device.type != "cpu":
+        raise ValueError(f"KV cache on {kv_layer.device}: only vLLM's CPU attention layout is supported so far")
     if kv_layer.dim() != 4 or kv_layer.shape[2] != block_size or kv_layer.shape[3] % 2:
         raise ValueError(f"expected a KV layer [num_blocks, kv_heads, {block_size}, 2·head_dim], got {list(kv_layer.shape)} "
                          "(only vLLM's CPU attention layout is supported)")
