@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TRANSPORTS = ("auto", "shm", "http", "rdma")
+MODES = ("auto", "layerwise", "chunkwise")
 # Where each setting comes from when the extra config does not name it.
 ENV = {"endpoint": "AWS_ENDPOINT_URL", "access_key": "AWS_ACCESS_KEY_ID", "secret_key": "AWS_SECRET_ACCESS_KEY", "region": "AWS_DEFAULT_REGION"}
 MAX_NAMESPACE_BYTES = 512  # keys are namespace + "/" + 32 hex digits; S3 allows 1,024 bytes
@@ -29,6 +30,7 @@ class ConnectorConfig:
     transport: str = "auto"
     namespace: str = ""          # "" → derived from the model, KV dtype and parallel ranks (see :func:`namespace`)
     load_timeout_s: float = 60.0  # a layer not in place after this long fails the load (the request recomputes)
+    mode: str = "auto"            # kv-get assembly: the storage server's choice, or always layer by layer / chunk by chunk
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "ConnectorConfig":
@@ -46,6 +48,8 @@ class ConnectorConfig:
             raise ValueError("kv_connector_extra_config: " + ", ".join(f"{f} is not set (nor {ENV[f]})" for f in missing))
         if values.get("transport", "auto") not in TRANSPORTS:
             raise ValueError(f"kv_connector_extra_config: transport must be one of {', '.join(TRANSPORTS)}, not {values['transport']!r}")
+        if values.get("mode", "auto") not in MODES:
+            raise ValueError(f"kv_connector_extra_config: mode must be one of {', '.join(MODES)}, not {values['mode']!r}")
         try:
             values["load_timeout_s"] = float(values.get("load_timeout_s", cls.load_timeout_s))
         except (TypeError, ValueError):

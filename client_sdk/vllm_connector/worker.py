@@ -55,10 +55,12 @@ class _Save:
 
 
 class WorkerSide:
-    def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0) -> None:
+    def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0,
+                 mode: str = "auto") -> None:
         self.client = client
         self.block_size = block_size
         self.transport = transport
+        self.mode = mode
         self.load_timeout_s = load_timeout_s
         self.layer_index: dict[str, int] = {}
         self.views: list[torch.Tensor] = []
@@ -99,7 +101,7 @@ class WorkerSide:
     async def _fetch(self, job: _Load) -> None:
         assert self.layout is not None and self.dtype is not None
         n = len(job.keys)
-        async with self.client.client.fetch_layers(job.keys, self.layout, self.transport) as layers:
+        async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode) as layers:
             async for layer, view in layers:
                 src = layer_from_bytes(view, n, self.layout, self.dtype)
                 with job.lock:
