@@ -1,8 +1,12 @@
-"""Running the tiny model under vLLM with (or without) ObjectCache's connector, here or in a fresh process.
+"""Running the tiny model under vLLM with (or without) ObjectCache's connector, in a process of its own.
 
-``python vllm_support.py SPEC.json`` runs one engine in a fresh process and prints one JSON line:
-``[{"tokens": [...], "cached": n}, ...]`` per prompt, in order. ``SPEC`` has ``model``,
-``prompts`` (token-id lists), ``max_tokens`` and, for the connector, ``extra_config``.
+``python vllm_support.py SPEC.json`` starts one engine. ``SPEC`` has ``model`` and, for the
+connector, ``extra_config``. With ``prompts`` and ``max_tokens`` it generates once and prints
+``RESULT [{"tokens": [...], "cached": n}, ...]`` (one per prompt, in order); without them it
+serves commands, one JSON line each on stdin, each answered by one ``RESULT`` line:
+``{"op": "generate", "prompts": [...], "max_tokens": n}`` and ``{"op": "stats"}`` (the
+connector's counts in this process). Engines never run inside the test process: vLLM scans and
+patches every loaded module at start-up, which the test process's many libraries break.
 """
 
 from __future__ import annotations
@@ -53,7 +57,21 @@ def generate(llm, prompts: list[list[int]], max_tokens: int) -> list[dict[str, A
 def main(spec_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     llm = make_llm(spec["model"], spec.get("extra_config"))
-    print("RESULT " + json.dumps(generate(llm, spec["prompts"], spec["max_tokens"])), flush=True)
+    if "prompts" in spec:
+        print("RESULT " + json.dumps(generate(llm, spec["prompts"], spec["max_tokens"])), flush=True)
+        return
+    print("READY", flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "generate":
+            out: Any = generate(llm, cmd["prompts"], cmd["max_tokens"])
+        elif cmd["op"] == "stats":
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            out = get_kv_transfer_group().stats
+        else:
+            out = {"error": f"unknown op {cmd['op']!r}"}
+        print("RESULT " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

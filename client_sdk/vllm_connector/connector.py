@@ -85,6 +85,11 @@ class ObjectCacheConnector(KVConnectorBase_V1):
                  self.namespace, c.transport)
 
     @property
+    def stats(self) -> dict[str, int]:
+        """This worker's counts: ``loaded_chunks``, ``failed_loads``, ``saved_chunks``, ``failed_saves`` (empty in the scheduler)."""
+        return dict(self._worker.stats) if self._worker is not None else {}
+
+    @property
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a dropped save is a future miss
 
