@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,22 +40,36 @@ class BenchServer:
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def status(self) -> dict:
+        """The storage server's operator status (its RPC socket under the data directory), e.g. ``chunk_cache``."""
+        from protocol.rpc import Op, RpcRequest, decode_reply
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(str(self.root / "data" / "storage-server.sock"))
+            s.sendall(RpcRequest(Op.STATUS).encode())
+            return decode_reply(s.makefile("rb").readline())
+
     def restart(self, extra_toml: str = "") -> "BenchServer":
         """The same store and credentials under a new configuration (e.g. another bandwidth policy)."""
         self.stop(keep_data=True)
         return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key))
 
 
-def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None) -> BenchServer:
-    """``objectcache serve`` on a free port with one tenant, in a temporary data directory."""
+def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None,
+                 env: dict[str, str] | None = None, store_toml: str = "") -> BenchServer:
+    """``objectcache serve`` on a free port with one tenant, in a temporary data directory.
+
+    ``env``: added to its environment; ``store_toml``: more lines of the ``[store]`` table (e.g. ``backend = "s3"``).
+    """
     root = root or Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
-    cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
+    cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n{store_toml}[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
     proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             # No access log: one line per request would flood the benchmark's terminal (and cost time).
-                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, "PYTHONPATH": str(REPO)})
+                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
     endpoint = ""
     for line in proc.stdout:  # type: ignore[union-attr]
         if "endpoint:" in line:

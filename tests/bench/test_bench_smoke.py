@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,8 @@ def test_bench_transfer(tmp_path):
     rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()  # beside http and shm where NIXL is installed
     assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"} | rdma
     assert result["rdma"].startswith("ObjectCache-rdma")
+    if rdma:  # the UCX transport the storage server's writes used, as UCX itself reported it (CMA or TCP here)
+        assert re.search(r"remote writes used [a-z_0-9]+/\S+", result["rdma"]), result["rdma"]
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
@@ -121,3 +124,38 @@ def test_bench_ttft_torch_compute_says_what_it_needs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "objectcache", "bench", "ttft", "--quick", "--compute", "torch"],
                        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert r.returncode != 0 and "--compute torch needs" in r.stderr
+
+
+def test_bench_capacity_on_moto(tmp_path):
+    result = run_bench("capacity", "--upstreams", "moto", tmp_path=tmp_path)
+    assert set(result["upstreams"]) == {"moto"} and result["upstreams"]["moto"]["requests_logged"]
+    moto = result["upstreams"]["moto"]
+    (row,) = moto["rows"]
+    n, paths = row["chunks"], row["paths"]
+    assert n == 1024 // result["chunk_tokens"] and set(paths) == {"warm", "cold", "S3-CW"}
+    assert all(positive(p["gb_per_s"]) and positive(p["vs_s3_cw"]) for p in paths.values()) and paths["S3-CW"]["vs_s3_cw"] == 1
+    # Counted twice, by the node and by moto's request log: a warm kv-get asks the upstream nothing,
+    # a cold one fetches each chunk once as a whole object (never one request per layer slice).
+    assert set(paths["warm"]["upstream_chunk_gets"]) == {0}
+    assert all(r == {"get": 0, "head": 0, "put": 0} for r in paths["warm"]["upstream_requests"])
+    assert set(paths["cold"]["upstream_chunk_gets"]) == {n}
+    assert all(r == {"get": n, "head": 0, "put": 0} for r in paths["cold"]["upstream_requests"])
+    assert all(r["get"] == n for r in paths["S3-CW"]["upstream_requests"])
+    # The cold node's lookup is a bounded binary search over HEADs, not one HEAD per key.
+    assert all(r["get"] == 0 and 1 <= r["head"] <= 1 + math.ceil(math.log2(n)) for r in row["lookup_requests"])
+    trace = moto["trace"]
+    small, large = trace["runs"]["small cache"], trace["runs"]["cache ≥ working set"]
+    assert small["cache_max_bytes"] < trace["working_set_bytes"] < large["cache_max_bytes"]
+    for run in (small, large):
+        assert run["requests"] == 60 == len(run["per_request"])
+        assert run["cache_bytes_at_end"] <= run["cache_max_bytes"]
+        assert 0 < run["prefix_hit_ratio"] < 1 and run["chunks_requested"] > 0
+        assert 0 <= run["local_hit_ratio"] <= 1 and 0 <= run["upstream_hit_ratio"] <= 1
+        assert math.isclose(run["local_hit_ratio"] + run["upstream_hit_ratio"], 1)
+        # The node's count of chunks fetched from the upstream is moto's count of chunk GETs.
+        assert run["chunks_from_upstream"] == run["upstream_requests"]["get"] == round(run["upstream_hit_ratio"] * run["chunks_requested"])
+        for ttft in (run["ttft_s"], run["no_cache_ttft_s"]):
+            assert 0 < ttft["p50"] <= ttft["p90"] <= ttft["p99"]
+    assert small["evicted"] > 0 and large["evicted"] == 0
+    assert small["upstream_hit_ratio"] > 0  # evicted hits come back from the upstream
+    assert trace["file"] == "bench/data/mooncake_synthetic_trace_sample.jsonl"
