@@ -32,12 +32,14 @@ from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 
 from protocol.checksums import b64
+from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
+from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
@@ -76,6 +78,7 @@ class FetchStats:
 
     request_id: str = ""
     transport: str = ""
+    direct: bool = False  # http: the frames came from the storage server's data endpoint, not the gateway's relay
     gateway_s: float = 0.0
     client_total_s: float = 0.0
     first_layer_s: float | None = None
@@ -93,8 +96,9 @@ class LayerStream:
     until the ``fetch_layers`` block exits. ``payload`` is the whole ``[L][N][S]``.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int, num_layers: int, transport: str, verify: bool, started: float) -> None:
-        self._frames = FrameStream(response.content)
+    def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
+                 num_layers: int, transport: str, verify: bool, started: float) -> None:
+        self._frames = frames
         self.payload = payload
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
@@ -108,6 +112,9 @@ class LayerStream:
             gateway_s=float(response.headers.get(HEADER_GATEWAY_S, "0")),
             server=TransferStats(mode=response.headers.get(HEADER_MODE, ""), payload_bytes=int(response.headers.get(HEADER_PAYLOAD_BYTES, "0"))),
         )
+        if isinstance(frames, DirectFrameStream) and frames.accepted is not None:
+            self.stats.direct = True
+            self.stats.server = TransferStats(mode=frames.accepted.mode, payload_bytes=frames.accepted.payload_bytes)
 
     def __aiter__(self) -> "LayerStream":
         return self
@@ -179,11 +186,16 @@ class ObjectCacheClient:
 
     ``shm_prefault_bytes`` (0: off) runs :meth:`warm_up` for payloads of that
     size when the client opens, so the first shm fetch finds its region ready.
+
+    ``direct`` (http fetches): ask the gateway for a ticket to the storage
+    server's data endpoint and read the frames from there, when the server has
+    one (``storage_server.data_listen``); otherwise, or with ``direct=False``,
+    the gateway relays them.
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
-                 shm_prefault_bytes: int = 0) -> None:
+                 shm_prefault_bytes: int = 0, direct: bool = True) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -192,6 +204,7 @@ class ObjectCacheClient:
         self.retries = retries
         self.backoff = backoff
         self.shm_prefault_bytes = shm_prefault_bytes
+        self.direct = direct
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -405,6 +418,7 @@ class ObjectCacheClient:
         check = destinations.verify_by_default if verify is None else verify
         started = time.perf_counter()
         resp = None
+        frames: FrameStream | DirectFrameStream | None = None
         dest: Destination | None = None
         try:
             for attempt in (1, 2):
@@ -414,8 +428,7 @@ class ObjectCacheClient:
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
-                    resp = await self._retrying(f"kv-get of {len(keys)} chunk(s)",
-                                                lambda: self._post(f"/{self.bucket}", KVOp.GET, body, stream=True))
+                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body))
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
@@ -423,17 +436,37 @@ class ObjectCacheClient:
                     # The storage server restarted and forgot our region: register afresh, retry once.
                     destinations.forget(dest)
                     dest = None
-            assert resp is not None and dest is not None
-            stream = LayerStream(resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
+            assert resp is not None and dest is not None and frames is not None
+            stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
                 resp.close()
         finally:
+            if isinstance(frames, DirectFrameStream):
+                frames.close()
             if resp is not None:
                 resp.release()
             if dest is not None:
                 destinations.release(dest)
+
+    async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[aiohttp.ClientResponse, FrameStream | DirectFrameStream]:
+        """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for."""
+        direct = self.direct and kind == TransportKind.HTTP
+        resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
+        if resp.content_type != GRANT_CONTENT_TYPE:
+            return resp, FrameStream(resp.content)
+        try:
+            grant = DirectGrant.from_json(json.loads(await resp.read()))
+        except (aiohttp.ClientError, ValueError) as e:
+            resp.release()
+            raise _unreachable(self.endpoint, "?kv-get", e) from None
+        resp.release()
+        try:
+            return resp, await DirectFrameStream.open(grant, body, self._timeout.sock_read or 120.0)
+        except S3Error as e:
+            e.resource = e.resource or f"/{self.bucket}"  # as the gateway's error response would name it
+            raise
 
     async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
         """Load everything and return a copy of the payload as ``(L, N·S)`` uint8 plus stats."""

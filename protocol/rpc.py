@@ -28,6 +28,7 @@ class Op(StrEnum):
     KV_REGISTER = "kv-register"
     KV_UNREGISTER = "kv-unregister"
     KV_REGISTER_RDMA = "kv-register-rdma"
+    KV_TICKET = "kv-ticket"  # a data ticket for one kv-get (protocol.data_ticket); empty endpoint = no data endpoint
 
 
 @dataclass(frozen=True)
