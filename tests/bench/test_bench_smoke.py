@@ -44,11 +44,13 @@ def test_bench_transfer(tmp_path):
     result = run_bench("transfer", tmp_path=tmp_path)
     (row,) = result["rows"]
     rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()  # beside http and shm where NIXL is installed
-    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"} | rdma
+    assert set(row["paths"]) == {"opt-local", "loopback-TCP", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-http-relay", "ObjectCache-shm"} | rdma
     assert result["rdma"].startswith("ObjectCache-rdma")
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
+    assert row["paths"]["loopback-TCP"]["vs_loopback_tcp"] == 1
+    assert all(p["gb_per_s_min"] <= p["gb_per_s"] <= p["gb_per_s_max"] for p in row["paths"].values())
     codec = row["descriptor"]
     assert codec["keys"] == row["chunks"] and codec["bytes"] > 0
     assert positive(codec["encode_us_per_1k_keys"]) and positive(codec["decode_us_per_1k_keys"])
