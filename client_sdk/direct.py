@@ -72,8 +72,9 @@ class DirectFrameStream:
         except (BlockingIOError, InterruptedError):
             pass
         try:
-            return await asyncio.wait_for(asyncio.get_running_loop().sock_recv_into(self._sock, view), self._timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._timeout):  # a deadline, not a task per wait (wait_for would make one)
+                return await asyncio.get_running_loop().sock_recv_into(self._sock, view)
+        except TimeoutError:
             raise S3Error(ErrorCode.RequestTimeout, "the KV stream sent nothing within the client's read_timeout") from None
         except OSError:
             return 0
