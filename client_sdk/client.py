@@ -395,7 +395,8 @@ class ObjectCacheClient:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
-        shared-memory region), ``"http"`` (anywhere: bytes in the response) or
+        shared-memory region), ``"http"`` (anywhere: bytes in the response, or
+        from the storage server's data endpoint when it has one, see ``direct``) or
         ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
         is the per-layer compute time of the request's miss tokens (seconds),
         which the server's bandwidth allocator uses. ``out`` (http only) is a
