@@ -65,5 +65,10 @@ test: $(TEST_STAMP) $(AWS_STAMP) rclone
 bench: $(BENCH_STAMP)
 	$(BIN)/objectcache bench $(ARGS)
 
+# Lint (ruff's rules are in pyproject.toml); ruff is a dev tool, installed here rather than in an extra.
+lint: $(STAMP)
+	@$(BIN)/python -m ruff --version >/dev/null 2>&1 || $(BIN)/python -m pip install -q 'ruff>=0.6'
+	$(BIN)/python -m ruff check .
+
 clean:
 	rm -rf $(VENV) $(AWS_VENV) .pytest_cache .hypothesis

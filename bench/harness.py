@@ -45,8 +45,9 @@ class BenchServer:
         return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key))
 
 
-def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None) -> BenchServer:
-    """``objectcache serve`` on a free port with one tenant, in a temporary data directory."""
+def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> BenchServer:
+    """``objectcache serve`` on a free port with one tenant, in a temporary data directory (``env``: added to its environment)."""
     root = root or Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
@@ -54,7 +55,7 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
     proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             # No access log: one line per request would flood the benchmark's terminal (and cost time).
-                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, "PYTHONPATH": str(REPO)})
+                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
     endpoint = ""
     for line in proc.stdout:  # type: ignore[union-attr]
         if "endpoint:" in line:

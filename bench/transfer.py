@@ -10,7 +10,8 @@ Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
   (a sender thread, ``recv_into`` here): what one socket moves on this host, the ceiling of ``http``;
 * **ObjectCache-http / -shm / -rdma** — one descriptor, layer-major payload delivered by the storage server
   (http: from its data endpoint; **ObjectCache-http-relay**: the same frames relayed by the gateway;
-  rdma: NIXL one-sided writes, where nixl is installed).
+  rdma: NIXL one-sided writes, where nixl is installed; the report names the UCX transport the storage
+  server's remote writes used, from UCX's own protocol-selection report, ``UCX_PROTO_INFO``).
 
 Every path runs once to warm the page cache, then the median of three timed
 runs counts (with their spread, min–max; ``--cold`` drops the page cache before each timed run); ratios are to opt-local
@@ -22,10 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -176,17 +180,36 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
     }
 
 
-def rdma_note() -> str:
+def ucx_write_transports(log: str) -> list[str]:
+    """The UCX transports (``cma/memory``, ``tcp/lo``, ``rc_mlx5/mlx5_0:1``…) a ``UCX_PROTO_INFO=y`` log chose for remote writes."""
+    found: list[str] = []
+    inside = False
+    for line in log.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 1:  # a table's title: which operation it is about
+            inside = "remote memory write" in cells[0]
+        # "self/…" is the agent's endpoint to itself: a client in another process is never reached that way.
+        elif inside and len(cells) == 3 and cells[0] != "Range" and cells[2] and not cells[2].startswith("self/") and cells[2] not in found:
+            found.append(cells[2])
+    return found
+
+
+def rdma_note(ucx_log_dir: Path | None = None) -> str:
     """Which engine and UCX transports ObjectCache-rdma ran over (or why it did not run)."""
     available, why = rdma_available()
     if not available:
         return f"ObjectCache-rdma not run: {why}."
-    tls = os.environ.get("UCX_TLS", "UCX's choice (verbs where a device exists, else CMA/TCP)")
-    return f"ObjectCache-rdma: NIXL over UCX, transports {tls}, devices {os.environ.get('UCX_NET_DEVICES', 'all')}."
+    used = []
+    for log in sorted(ucx_log_dir.glob("ucx.*.log")) if ucx_log_dir is not None else []:
+        used += [t for t in ucx_write_transports(log.read_text(errors="replace")) if t not in used]
+    how = ", ".join(used) if used else "not reported (UCX_PROTO_INFO printed no remote-write protocol)"
+    return f"ObjectCache-rdma: NIXL over UCX; the storage server's remote writes used {how} (devices {os.environ.get('UCX_NET_DEVICES', 'all')})."
 
 
 async def run_all(args: argparse.Namespace) -> list[dict]:
-    srv = start_server(SERVER_TOML)
+    # The storage server reports the UCX protocols it selects (UCX_PROTO_INFO) into args.ucx_logs, for rdma_note.
+    args.ucx_logs = Path(tempfile.mkdtemp(prefix="objectcache-bench-ucx-"))
+    srv = start_server(SERVER_TOML, env={"UCX_PROTO_INFO": "y", "UCX_LOG_FILE": str(args.ucx_logs / "ucx.%p.log")})
     rows = []
     cases = [(64, 4096, 0.5)] if args.quick else [(g, ctx, hit) for g in G_VALUES for ctx, hit in CONTEXTS]
     if args.only:
@@ -210,7 +233,9 @@ def run(args: argparse.Namespace) -> dict:
     rows = asyncio.run(run_all(args))
     scale = args.scale
     cache = "page cache dropped before every timed run" if args.cold else "warm page cache"
-    print(f"\nBytes per token ÷{scale}; {cache}; median of 3 timed runs per path (spread: slowest–fastest). S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32. {rdma_note()}\n")
+    note = rdma_note(args.ucx_logs)
+    shutil.rmtree(args.ucx_logs, ignore_errors=True)
+    print(f"\nBytes per token ÷{scale}; {cache}; median of 3 timed runs per path (spread: slowest–fastest). S3-range is timed on {RANGE_SAMPLE_LAYERS} layers and scaled to 32. {note}\n")
     print_table(["G", "context", "hit", "path", "GB/s (median)", "spread", "requests", "× opt-local", "× S3-CW", "× loopback-TCP"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", f"{v['gb_per_s_min']:.2f}–{v['gb_per_s_max']:.2f}", v["requests"],
                   f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}", f"{v['vs_loopback_tcp']:.2f}"]
@@ -219,7 +244,7 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["G", "context", "hit", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
                 [[r["chunk_tokens"], r["context"], r["hit"], r["descriptor"]["keys"], r["descriptor"]["bytes"],
                   f"{r['descriptor']['encode_us_per_1k_keys']:.0f}", f"{r['descriptor']['decode_us_per_1k_keys']:.0f}"] for r in rows])
-    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rdma": rdma_note(), "rows": rows,
+    result = {"benchmark": "transfer", "quick": args.quick, "scale": scale, "cold": args.cold, "rdma": note, "rows": rows,
               "targets": {} if args.cold else targets(rows)}
     print_targets(result["targets"])
     return finish(args, result, plot)

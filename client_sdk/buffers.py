@@ -18,12 +18,41 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import decode_reply
 from protocol.shm import REQUIRED_SEALS, populate
 
 PAGE = mmap.PAGESIZE
+
+
+def host_memory(out: Any, nbytes: int) -> np.ndarray:
+    """``out`` as writable, contiguous uint8 host memory of at least ``nbytes`` (no copy).
+
+    Any buffer-protocol object (numpy array, bytearray, mmap, memoryview) or a CPU torch tensor;
+    the array keeps ``out`` alive while it is registered.
+    """
+    if type(out).__module__.split(".")[0] == "torch":
+        import torch
+
+        if out.device.type != "cpu":
+            raise ValueError(f"out is a {out.device.type} tensor: the SDK registers host memory only (GPU memory is not supported yet)")
+        if not out.is_contiguous():
+            raise ValueError("out must be a contiguous tensor")
+        out = out.reshape(-1).view(torch.uint8).numpy()
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise ValueError(f"out must support the buffer protocol (numpy, bytearray, mmap, a CPU tensor), not {type(out).__name__}") from None
+    if view.readonly or not view.c_contiguous:
+        raise ValueError("out must be writable, C-contiguous memory")
+    arr = np.frombuffer(view.cast("B"), np.uint8)
+    if arr.nbytes < nbytes:
+        raise ValueError(f"out has {arr.nbytes} bytes; the payload needs {nbytes}")
+    return arr
 
 
 class ShmRegion:

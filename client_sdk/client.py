@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import numpy as np
@@ -30,11 +31,26 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
 
 from protocol.checksums import b64
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
+from protocol.kv_http import (
+    HEADER_GATEWAY_S,
+    HEADER_MODE,
+    HEADER_PAYLOAD_BYTES,
+    HEADER_RDMA_TAG,
+    KVOp,
+    LookupReply,
+    RdmaRegisterRequest,
+    RegisterReply,
+    RegisterTicket,
+    UnregisterRequest,
+)
+from protocol.pyverbs_device import PyverbsDevice, verbs_available
+from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
+from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
@@ -43,6 +59,7 @@ from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
+from .verbs import VerbsDestinations
 
 PUT_BATCH_BYTES = 64 << 20
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -97,8 +114,9 @@ class LayerStream:
     """
 
     def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
-                 num_layers: int, transport: str, verify: bool, started: float) -> None:
+                 num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._frames = frames
+        self._landed = landed
         self.payload = payload
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
@@ -149,6 +167,8 @@ class LayerStream:
             elif frame.type == FrameType.LAYER:
                 if frame.layer != self._next:
                     raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
+                if self._landed is not None:
+                    await self._landed(frame.layer)
                 view = self.layer(frame.layer)
                 if self.verify and crc32c(view) != frame.checksum:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
@@ -191,11 +211,16 @@ class ObjectCacheClient:
     server's data endpoint and read the frames from there, when the server has
     one (``storage_server.data_listen``); otherwise, or with ``direct=False``,
     the gateway relays them.
+
+    ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
+    ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
+    opens the device, the first one by default).
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
-                 shm_prefault_bytes: int = 0, direct: bool = True) -> None:
+                 shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
+                 open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -215,9 +240,17 @@ class ObjectCacheClient:
         self._destinations: dict[TransportKind, Destinations] = {
             d.kind: d for d in (HttpDestinations(), ShmDestinations(self._register_region))
         }
-        available, self._rdma_unavailable = rdma_available()
+        if rdma_engine not in ("nixl", ENGINE):
+            raise ValueError(f"rdma_engine must be 'nixl' or {ENGINE!r} (the storage server's storage_server.rdma_engine), not {rdma_engine!r}")
+        if rdma_engine == ENGINE:
+            available, self._rdma_unavailable = (True, "") if open_verbs is not None else verbs_available()
+            opener = open_verbs or PyverbsDevice
+            rdma: Destinations = VerbsDestinations(self._register_verbs, opener)
+        else:
+            available, self._rdma_unavailable = rdma_available()
+            rdma = RdmaDestinations(self._register_rdma)
         if available:
-            self._destinations[TransportKind.RDMA] = RdmaDestinations(self._register_rdma)
+            self._destinations[TransportKind.RDMA] = rdma
 
     async def __aenter__(self) -> "ObjectCacheClient":
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections), auto_decompress=False,
@@ -321,10 +354,13 @@ class ObjectCacheClient:
 
     async def _register_rdma(self, metadata: bytes, addr: int, size: int) -> tuple[bytes, bytes]:
         """Tell the storage server about memory registered with this process's NIXL agent."""
-        body = RdmaRegisterRequest("nixl", base64.b64encode(metadata).decode(), addr, size)
-        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
-        reply = RegisterReply.from_json(await resp.json())
+        reply = await self._register_verbs(RdmaRegisterRequest("nixl", addr, size, agent=base64.b64encode(metadata).decode()))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
+
+    async def _register_verbs(self, body: RdmaRegisterRequest) -> RegisterReply:
+        """kv-register-rdma: memory this process registered with its RDMA engine (and, pyverbs, its queue pair)."""
+        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
+        return RegisterReply.from_json(await resp.json())
 
     # -- public API -----------------------------------------------------------------
     async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
@@ -343,10 +379,16 @@ class ObjectCacheClient:
         await shm.warm_up(payload_bytes, regions)
 
     async def ensure_bucket(self) -> None:
-        """Create the bucket if it does not exist yet (plain S3, through aiobotocore)."""
+        """Create the bucket if it does not exist yet (plain S3, through aiobotocore).
+
+        Only a missing bucket is created; any other answer (403 for a bucket another tenant owns,
+        an outage) is raised as it came, never papered over with a create.
+        """
         try:
             await self.s3.head_bucket(Bucket=self.bucket)
-        except Exception:
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                raise
             await self.s3.create_bucket(Bucket=self.bucket)
 
     async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
@@ -391,7 +433,7 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: memoryview | np.ndarray | None = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
+                           out: Any = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -399,8 +441,11 @@ class ObjectCacheClient:
         from the storage server's data endpoint when it has one, see ``direct``) or
         ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
         is the per-layer compute time of the request's miss tokens (seconds),
-        which the server's bandwidth allocator uses. ``out`` (http only) is a
-        buffer of at least ``N·L·S`` bytes to fill instead of a new one.
+        which the server's bandwidth allocator uses. ``out`` (http and rdma) is
+        memory of at least ``N·L·S`` bytes to fill instead of the SDK's own: any
+        writable buffer-protocol object (numpy, bytearray, mmap) or CPU torch
+        tensor; over rdma it is registered on first use and reused whenever the
+        same memory is passed again.
         ``verify`` checks each layer's CRC32C; by default it does over ``http``
         (the bytes crossed sockets) and not over ``shm``, where the server
         writes the very pages this process reads. When not verifying, the
@@ -438,7 +483,9 @@ class ObjectCacheClient:
                     destinations.forget(dest)
                     dest = None
             assert resp is not None and dest is not None and frames is not None
-            stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check, started)
+            landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
+            stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
+                                 started, landed)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
@@ -490,6 +537,53 @@ class ObjectCacheClient:
         if kind not in self._destinations:
             raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
         return kind
+
+    @contextlib.asynccontextmanager
+    async def rdma_memory(self, nbytes: int) -> AsyncIterator[tuple[str, memoryview]]:
+        """Registered memory of ``nbytes`` and the ``x-amz-rdma-token`` describing it, for plain S3 GETs.
+
+        Any S3 client may send the token on a GET of a whole object (the S3-over-RDMA convention):
+        the storage server writes the object into this memory and the response has no body. The
+        memory is this client's until the block exits.
+        """
+        destinations = self._destinations.get(TransportKind.RDMA)
+        if destinations is None:
+            raise ValueError(f"transport 'rdma' is not available in this process: {self._rdma_unavailable}")
+        dest = await destinations.acquire(nbytes, None)
+        try:
+            yield destinations.token(dest).encode(), dest.view
+        finally:
+            destinations.release(dest)
+
+    async def get_object_rdma(self, key: str, bucket: str | None = None) -> np.ndarray:
+        """GET a whole object over RDMA (``x-amz-rdma-token``); a copy of its bytes.
+
+        ``NotImplemented`` when the server declines (the object no longer fits, a Range…): GET it plainly then.
+        """
+        assert self._http is not None, "use the client inside `async with`"
+        bucket = bucket or self.bucket
+        url = f"{self.endpoint}/{bucket}/{quote(key, safe='/~')}"
+        try:
+            async with self._http.head(url, headers=self._signed_headers("HEAD", url, hashlib.sha256(b"").hexdigest(), {})) as head:
+                if head.status != 200:  # a HEAD has no error body: its status says it
+                    code = {403: ErrorCode.AccessDenied, 404: ErrorCode.NoSuchKey}.get(head.status, ErrorCode.InternalError)
+                    raise S3Error(code, f"HEAD {bucket}/{key}: HTTP {head.status}", f"/{bucket}/{key}")
+                size = int(head.headers["Content-Length"])
+        except aiohttp.ClientError as e:
+            raise _unreachable(self.endpoint, f"HEAD {key}", e) from None
+        async with self.rdma_memory(max(size, 1)) as (token, view):
+            headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {HEADER_RDMA_TOKEN: token})
+            try:
+                async with self._http.get(url, headers=headers) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise _s3_error(resp.status, body)
+                    if resp.headers.get(HEADER_RDMA_REPLY) != REPLY_OK or body:
+                        raise S3Error(ErrorCode.InternalError, "the server answered x-amz-rdma-token with the bytes in the body")
+                    n = int(resp.headers[HEADER_RDMA_BYTES])
+            except aiohttp.ClientError as e:
+                raise _unreachable(self.endpoint, f"GET {key}", e) from None
+            return np.frombuffer(view[:n], np.uint8).copy()
 
     async def status(self) -> dict:
         """This tenant's transfers in flight, registered regions and bandwidth leases."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
 from .buffers import RegionPool, RegisteredRegion, ShmRegion
@@ -38,6 +39,14 @@ class Destinations(abc.ABC):
 
     @abc.abstractmethod
     async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination: ...
+
+    def layer_waiter(self, dest: Destination, tag: int) -> Callable[[int], Awaitable[None]] | None:
+        """What to await before handing out layer ℓ beyond its LAYER frame (rdma over pyverbs: its immediate)."""
+        return None
+
+    def token(self, dest: Destination) -> RdmaToken:
+        """The ``x-amz-rdma-token`` describing ``dest``'s registered memory (rdma only)."""
+        raise ValueError(f"{self.kind.name.lower()} memory has no x-amz-rdma-token: it is for the rdma transport")
 
     def release(self, dest: Destination) -> None:
         """The fetch is over: the memory may be reused."""
@@ -70,7 +79,7 @@ class ShmDestinations(Destinations):
 
     async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
         if out is not None:
-            raise ValueError("out is for the http transport; over shm the payload lands in a registered region")
+            raise ValueError("out is for the http and rdma transports; over shm the payload lands in a registered region")
         region = await self.pool.acquire(payload_bytes)
         target = Target(TransportKind.SHM, region.region_id, region.token, 0, payload_bytes)
         return Destination(target, region.region.view[:payload_bytes], region)

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
+from .buffers import host_memory
 from .destinations import Destination, Destinations
 
 MIN_BUFFER = 64 << 20
@@ -64,6 +66,7 @@ class RdmaBuffer:
     region_id: bytes
     token: bytes
     busy: bool = field(default=False)
+    user: bool = field(default=False)  # the caller's memory (``out``): used only when passed again
 
 
 # Tells the server about a registered buffer: (agent metadata, address, size) -> (region id, token).
@@ -80,28 +83,36 @@ class RdmaDestinations(Destinations):
         self._buffers: list[RdmaBuffer] = []
         self._lock = asyncio.Lock()
 
-    async def acquire(self, payload_bytes: int, out: memoryview | np.ndarray | None) -> Destination:
-        if out is not None:
-            raise ValueError("out is for the http transport; over rdma the payload lands in registered memory")
+    async def acquire(self, payload_bytes: int, out: Any) -> Destination:
+        """A registered buffer: the SDK's own, or ``out`` (the caller's host memory, registered once and reused)."""
+        mine = host_memory(out, payload_bytes) if out is not None else None
         async with self._lock:
-            fits = [b for b in self._buffers if not b.busy and b.buf.nbytes >= payload_bytes]
+            if mine is not None:
+                fits = [b for b in self._buffers if b.user and not b.busy and b.buf.ctypes.data == mine.ctypes.data
+                        and b.buf.nbytes == mine.nbytes]
+            else:
+                fits = [b for b in self._buffers if not b.user and not b.busy and b.buf.nbytes >= payload_bytes]
             if fits:
                 b = min(fits, key=lambda b: b.buf.nbytes)
             else:
                 if self._engine is None:
                     self._engine = NixlClient()
-                buf = np.empty(max(payload_bytes, MIN_BUFFER), np.uint8)
+                buf = mine if mine is not None else np.empty(max(payload_bytes, MIN_BUFFER), np.uint8)
                 handle = self._engine.register(buf)
                 try:
                     region_id, token = await self._register(self._engine.metadata(), buf.ctypes.data, buf.nbytes)
                 except BaseException:
                     self._engine.deregister(handle)
                     raise
-                b = RdmaBuffer(buf, handle, region_id, token)
+                b = RdmaBuffer(buf, handle, region_id, token, user=mine is not None)
                 self._buffers.append(b)
             b.busy = True
         target = Target(TransportKind.RDMA, b.region_id, b.token, 0, payload_bytes)
         return Destination(target, memoryview(b.buf)[:payload_bytes], rdma=b)
+
+    def token(self, dest: Destination) -> RdmaToken:
+        """NIXL names memory by agent and address: the token's rkey, LID and QP number stay 0."""
+        return RdmaToken(dest.rdma.buf.ctypes.data, dest.view.nbytes)
 
     def release(self, dest: Destination) -> None:
         if dest.rdma is not None:

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, with_dev_tenant, write_dev_credentials
+from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, with_dev_tenant, write_dev_credentials
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
@@ -92,7 +92,8 @@ def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
         if dev is not None:
             # Only this process knows the port (--port 0 picks one): record it before READY.
             write_dev_credentials(cfg, dev, port)
-        print(f"{READY} gateway http://{cfg.gateway.host}:{port}", flush=True)
+        # The URL a client on this host can use (a wildcard listen address is no address to connect to).
+        print(f"{READY} gateway {endpoint_url(cfg.gateway.host, port)}", flush=True)
         return stop
 
     asyncio.run(_run_until_signal(start))

@@ -194,6 +194,9 @@ class CacheConfig(Section):
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
 
 
+RDMA_ENGINES = ("nixl", "pyverbs")
+
+
 @dataclass(frozen=True)
 class StorageServerConfig(Section):
     # Unix socket for gateway -> daemon RPC; empty means <data_dir>/storage-server.sock.
@@ -223,6 +226,9 @@ class StorageServerConfig(Section):
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
+    # Bytes of registered shm regions one tenant may have populated (``"populate": true``):
+    # the server faults those pages in itself, so they count against its memory.
+    populate_max_bytes: int = 32 << 30
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
@@ -238,7 +244,15 @@ class StorageServerConfig(Section):
     # How long a data ticket stays valid (it is also good for one kv-get only).
     data_ticket_ttl_s: float = 30.0
 
+    # The rdma transport's engine: "nixl" (NIXL over UCX: verbs where a device exists, CMA/TCP
+    # otherwise; pip install nixl) or "pyverbs" (rdma-core's verbs directly: one RC queue pair per
+    # registration, WRITE_WITH_IMM as the layer notification; needs an RDMA device and pyverbs).
+    rdma_engine: str = "nixl"
+    # pyverbs: the RDMA device to open (ibv_devices lists them); empty = the first one.
+    rdma_device: str = ""
+
     def validate(self) -> None:
+        self.require(self.rdma_engine in RDMA_ENGINES, "rdma_engine", f"must be one of {', '.join(RDMA_ENGINES)}")
         for name in ("data_listen", "data_endpoint"):
             value = getattr(self, name)
             host, _, port = value.rpartition(":")
@@ -253,6 +267,7 @@ class StorageServerConfig(Section):
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 

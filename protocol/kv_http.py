@@ -34,6 +34,7 @@ class KVOp(StrEnum):
 HEADER_MODE = "x-oc-mode"  # "chunkwise" or "layerwise": what the server chose
 HEADER_PAYLOAD_BYTES = "x-oc-payload-bytes"  # N·L·S
 HEADER_GATEWAY_S = "x-oc-gateway-s"  # seconds the gateway spent before the first byte
+HEADER_RDMA_TAG = "x-oc-rdma-tag"  # rdma (pyverbs engine): the tag of this transfer's layer immediates
 
 FRAMES_CONTENT_TYPE = "application/x-objectcache-frames"
 CHUNK_CONTENT_TYPE = "application/x-objectcache-kv-chunk"  # stored chunk objects' Content-Type
@@ -46,7 +47,9 @@ class JsonRecord:
     """A dataclass that travels as a JSON object; decoding names the missing or mistyped field."""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """Fields that are None by default and now are left out: peers that predate them see what they always did."""
+        obj = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {f.name: obj[f.name] for f in fields(self) if not (obj[f.name] is None and f.default is None)}  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls: type[R], obj: object) -> R:
@@ -73,6 +76,9 @@ def _checked(name: str, typ: Any, value: object) -> object:
         if isinstance(value, list) and all(isinstance(v, inner) for v in value):
             return value
     elif origin in (typing.Union, types.UnionType):
+        for t in typing.get_args(typ):
+            if isinstance(t, type) and issubclass(t, JsonRecord) and isinstance(value, dict):
+                return t.from_json(value)
         if any(_ok(t, value) for t in typing.get_args(typ)):
             return value
     elif _ok(typ, value):
@@ -121,20 +127,51 @@ class RegisterTicket(JsonRecord):
     size: int
 
 
+QPN_LIMIT = 1 << 24  # verbs QP numbers and PSNs are 24-bit
+GID_BYTES = 16
+
+
+@dataclass(frozen=True)
+class VerbsPeer(JsonRecord):
+    """One end of a verbs RC connection (engine ``pyverbs``): its queue pair and, from the client, its region's rkey."""
+
+    qp_num: int
+    psn: int
+    lid: int
+    gid: str  # hex, 16 bytes; all zeros where the fabric routes by LID (InfiniBand without GRH)
+    rkey: int = 0  # the client's memory region over the registered [addr, addr+size); 0 from the server
+
+    def check(self) -> "VerbsPeer":
+        """Refuse values no device could have (InvalidArgument naming the field)."""
+        for name, value, limit in (("qp_num", self.qp_num, QPN_LIMIT), ("psn", self.psn, QPN_LIMIT),
+                                   ("lid", self.lid, 1 << 16), ("rkey", self.rkey, 1 << 32)):
+            if not 0 <= value < limit:
+                raise S3Error(ErrorCode.InvalidArgument, f"verbs.{name} {value} is outside 0..{limit - 1}", extra={"ArgumentName": f"verbs.{name}"})
+        try:
+            ok = len(bytes.fromhex(self.gid)) == GID_BYTES
+        except ValueError:
+            ok = False
+        if not ok:
+            raise S3Error(ErrorCode.InvalidArgument, f"verbs.gid must be {GID_BYTES} bytes in hex", extra={"ArgumentName": "verbs.gid"})
+        return self
+
+
 @dataclass(frozen=True)
 class RdmaRegisterRequest(JsonRecord):
     """``kv-register-rdma``: memory the client registered with its RDMA engine, for one-sided writes into it.
 
-    ``agent`` is the client's NIXL agent metadata (base64); ``[addr, addr+size)`` on ``device``
-    is the registered memory. The server writes nowhere else, and only for transfers of the
-    registering tenant.
+    ``[addr, addr+size)`` on ``device`` is the registered memory. Engine ``nixl``: ``agent`` is
+    the client's NIXL agent metadata (base64). Engine ``pyverbs``: ``verbs`` is the client's end
+    of the RC queue pair the server connects to, with the rkey of the memory region. The server
+    writes nowhere else, and only for transfers of the registering tenant.
     """
 
-    engine: str  # "nixl"
-    agent: str
+    engine: str  # "nixl" | "pyverbs": must be the server's storage_server.rdma_engine
     addr: int
     size: int
+    agent: str = ""
     device: int = 0
+    verbs: VerbsPeer | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +179,7 @@ class RegisterReply(JsonRecord):
     region_id: str  # hex
     token: str  # hex: the capability a kv-get presents
     size: int
+    verbs: VerbsPeer | None = None  # pyverbs: the server's end of the queue pair
 
 
 @dataclass(frozen=True)

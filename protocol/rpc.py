@@ -29,6 +29,7 @@ class Op(StrEnum):
     KV_UNREGISTER = "kv-unregister"
     KV_REGISTER_RDMA = "kv-register-rdma"
     KV_TICKET = "kv-ticket"  # a data ticket for one kv-get (protocol.data_ticket); empty endpoint = no data endpoint
+    RDMA_GET_OBJECT = "rdma-get-object"  # a plain GET with x-amz-rdma-token: the object into registered memory
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,11 @@ class KVGetAccepted:
     mode: str
     payload_bytes: int
     num_layers: int
+    rdma_tag: int = 0  # rdma over pyverbs: the tag of this transfer's layer immediates (0: none)
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "payload_bytes": self.payload_bytes, "num_layers": self.num_layers}
+        return {"mode": self.mode, "payload_bytes": self.payload_bytes, "num_layers": self.num_layers, "rdma_tag": self.rdma_tag}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "KVGetAccepted":
-        return cls(str(d["mode"]), int(d["payload_bytes"]), int(d["num_layers"]))
+        return cls(str(d["mode"]), int(d["payload_bytes"]), int(d["num_layers"]), int(d.get("rdma_tag", 0)))

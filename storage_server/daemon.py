@@ -17,8 +17,9 @@ from protocol.config import Config
 from protocol.rpc import Op
 
 from .data_endpoint import DataEndpoint
-from .kv_service import KVService, PacerFactory
+from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
 from .metrics import StorageServerMetrics
+from .rdma_objects import RdmaObjects
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
@@ -29,14 +30,16 @@ MAX_DESCRIPTOR_BYTES = 64 << 20
 
 
 class StorageServer:
-    """``pacers`` build extra per-transfer pacers (the bandwidth pool is built in); tests inject gates here."""
+    """``pacers`` build extra per-transfer pacers (the bandwidth pool is built in); tests inject gates here.
+    ``open_verbs`` opens the pyverbs engine's device (tests without one inject a fake)."""
 
-    def __init__(self, config: Config, store: ObjectStore, chunks: ChunkSource, pacers: Sequence[PacerFactory] = ()) -> None:
+    def __init__(self, config: Config, store: ObjectStore, chunks: ChunkSource, pacers: Sequence[PacerFactory] = (),
+                 open_verbs: VerbsOpener = open_pyverbs) -> None:
         self.config = config
         self.store = store
         self.chunks = chunks
         self.started = time.time()
-        self.kv = KVService(config, chunks, pacers)
+        self.kv = KVService(config, chunks, pacers, open_verbs)
         self.metrics = StorageServerMetrics(self.kv)
         self._stop_metrics: Callable[[], None] | None = None
         max_body = max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes)
@@ -52,6 +55,7 @@ class StorageServer:
             Op.KV_UNREGISTER: self.kv.unregister,
             Op.KV_REGISTER_RDMA: self.kv.register_rdma,
             Op.KV_TICKET: self.data.ticket,
+            Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
         }, max_body=max_body)
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None

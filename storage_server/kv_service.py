@@ -22,7 +22,9 @@ from typing import Any
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field
+from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
+from protocol.verbs import VerbsDevice
 from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_keys, decode_put_batch
 from scheduler.policies import TransferDemand
 
@@ -34,8 +36,9 @@ from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource
 from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
-from .transports.nixl_engine import NixlEngine
-from .transports.rdma import RemoteRegion
+from .transports.nixl_engine import NixlEngine, NixlLink
+from .transports.rdma import RdmaLink, RemoteRegion
+from .transports.verbs_engine import VerbsEngine
 
 log = logging.getLogger("objectcache.storage_server")
 access_log = logging.getLogger("objectcache.access.transfers")
@@ -58,9 +61,18 @@ class TransferInfo:
 
 # Builds a pacer for a transfer (or None to leave it alone). Injected by whoever builds the server.
 PacerFactory = Callable[[TransferInfo], Pacer | None]
+# Opens the RDMA device for the pyverbs engine (by name, "" = the first); pyverbs by default.
+VerbsOpener = Callable[[str], VerbsDevice]
 # Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
 # statistics when it completed (the metrics plug in here).
 TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
+
+
+def open_pyverbs(name: str) -> VerbsDevice:
+    ok, why = verbs_available()
+    if not ok:
+        raise S3Error(ErrorCode.NotImplemented, f"The rdma transport's pyverbs engine cannot run on this storage server: {why}.")
+    return PyverbsDevice(name)
 
 
 class Pacers:
@@ -79,13 +91,14 @@ class Pacers:
 
 
 class KVService:
-    def __init__(self, config: Config, chunks: ChunkSource, pacers: Sequence[PacerFactory] = ()) -> None:
+    def __init__(self, config: Config, chunks: ChunkSource, pacers: Sequence[PacerFactory] = (),
+                 open_verbs: VerbsOpener = open_pyverbs) -> None:
         ss = config.storage_server
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
         self.executor = Executor(ss.read_threads or _cpus())
-        self.regions = RegionRegistry()
+        self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
         self.staging = StagingBudget(ss.http_staging_bytes)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
@@ -94,7 +107,9 @@ class KVService:
             tenant_caps={t.name: t.bandwidth_cap_gbps * GBPS for t in config.tenants if t.bandwidth_cap_gbps > 0},
             tenant_weights={t.name: t.weight for t in config.tenants if t.weight != 1.0},
         ) if bw.enabled else None
-        self._nixl: NixlEngine | None = None  # created on the first RDMA registration
+        self._nixl: NixlEngine | None = None  # the rdma engine, created on the first RDMA registration
+        self._verbs: VerbsEngine | None = None
+        self._open_verbs = open_verbs
         self.active: dict[int, TransferInfo] = {}  # keyed per transfer: request ids come from clients' gateways
         self._transfers = itertools.count()
         self._tasks: dict[int, asyncio.Task] = {}  # what runs each active transfer, to stop it at shutdown
@@ -122,22 +137,35 @@ class KVService:
     async def register_rdma(self, call: RpcCall) -> Reply:
         """Memory a client registered with its RDMA engine: the server may write into it for this tenant only."""
         r = RdmaRegisterRequest.from_json(_without(call.request.fields, "tenant"))
-        if r.engine != "nixl":
-            raise S3Error(ErrorCode.NotImplemented, f"RDMA engine {r.engine!r} is not supported (nixl is)", extra={"ArgumentName": "engine"})
+        engine = self.config.storage_server.rdma_engine
+        if r.engine != engine:
+            raise S3Error(ErrorCode.NotImplemented, f"RDMA engine {r.engine!r} is not this storage server's "
+                          f"(storage_server.rdma_engine = {engine!r})", extra={"ArgumentName": "engine"})
         if not 1 <= r.size <= 1 << 46 or r.addr <= 0:
             raise S3Error(ErrorCode.InvalidArgument, "addr and size must describe registered memory", extra={"ArgumentName": "size"})
-        if self._nixl is None:
-            self._nixl = NixlEngine()
-        engine = self._nixl
-        try:
-            metadata = base64.b64decode(r.agent, validate=True)
-        except ValueError:
-            raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
-        agent = engine.add_client(metadata)
+        link: RdmaLink
+        server_end = None
+        if engine == "pyverbs":
+            if r.verbs is None:
+                raise S3Error(ErrorCode.InvalidArgument, "the pyverbs engine needs the client's queue pair (verbs)", extra={"ArgumentName": "verbs"})
+            if self._verbs is None:
+                self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device))
+            link, server_end = self._verbs.connect(r.verbs, r.addr, r.size)
+        else:
+            if self._nixl is None:
+                self._nixl = NixlEngine()
+            try:
+                metadata = base64.b64decode(r.agent, validate=True)
+            except ValueError:
+                raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
+            link = NixlLink(self._nixl, self._nixl.add_client(metadata), r.addr, r.size, r.device)
         tenant = call.field("tenant")
-        region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, engine=engine, agent=agent,
-                                                                    addr=r.addr, device=r.device), tenant)
-        return RegisterReply(region.region_id.hex(), region.token.hex(), region.size).to_json()
+        try:
+            region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)
+        except BaseException:
+            link.close()
+            raise
+        return RegisterReply(region.region_id.hex(), region.token.hex(), region.size, server_end).to_json()
 
     async def unregister(self, call: RpcCall) -> Reply:
         r = UnregisterRequest.from_json(_without(call.request.fields, "tenant"))
@@ -162,7 +190,7 @@ class KVService:
                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
             info = TransferInfo(request_id, tenant, bucket, d, plan)
             # Validation passed: nothing can fail for the client's input from here on.
-            call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers).to_json()))
+            call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
             if (task := asyncio.current_task()) is not None:
                 self._tasks[slot] = task
@@ -256,6 +284,8 @@ class KVService:
             await self.pool.close()
         self.executor.close()
         self.regions.close()
+        if self._verbs is not None:
+            self._verbs.close()
 
 
 def log_transfer(info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:

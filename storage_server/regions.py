@@ -103,10 +103,13 @@ def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
 
 
 class RegionRegistry:
-    def __init__(self, max_regions_per_tenant: int = 64) -> None:
+    def __init__(self, max_regions_per_tenant: int = 64, populate_max_bytes: int = 32 << 30) -> None:
         self._regions: dict[bytes, Region] = {}
         self._tickets: dict[bytes, Ticket] = {}
         self.max_per_tenant = max_regions_per_tenant
+        # Populating faults a tenant's memory in from this process (its pages are charged to the
+        # server): bounded per tenant, or one sparse memfd of 64 TiB could exhaust the host.
+        self.populate_max_bytes = populate_max_bytes
 
     def _drop(self, region: Region) -> None:
         del self._regions[region.region_id]
@@ -120,9 +123,23 @@ class RegionRegistry:
         self._tickets = {k: t for k, t in self._tickets.items() if t.expires > now}
         if sum(t.tenant == tenant for t in self._tickets.values()) >= MAX_PENDING_PER_TENANT:
             raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {MAX_PENDING_PER_TENANT} registrations pending; complete them first")
+        if populate:
+            self._check_populate_budget(tenant, size)
         ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S, populate)
         self._tickets[ticket.secret] = ticket
         return ticket
+
+    def _check_populate_budget(self, tenant: str, size: int) -> None:
+        held = sum(r.size for r in self._regions.values() if r.tenant == tenant and getattr(r, "populate", False))
+        held += sum(t.size for t in self._tickets.values() if t.tenant == tenant and t.populate)
+        if held + size > self.populate_max_bytes:
+            raise S3Error(
+                ErrorCode.InvalidArgument,
+                f"populating {size} more bytes would give tenant {tenant!r} {held + size} populated bytes, more than the "
+                f"server allows ({self.populate_max_bytes}, storage_server.populate_max_bytes); register without populate "
+                "or unregister a populated region first",
+                extra={"ArgumentName": "populate"},
+            )
 
     def complete(self, secret: bytes, fd: int, now: float | None = None) -> MappedRegion:
         """Step 2 (hand-over socket): redeem the ticket with the memory itself. ``fd`` stays the caller's to close."""
@@ -188,6 +205,10 @@ class RegionRegistry:
 
     def __len__(self) -> int:
         return len(self._regions)
+
+    def owned(self, tenant: str, kind: type[R]) -> list[R]:
+        """The tenant's regions of ``kind``."""
+        return [r for r in self._regions.values() if r.tenant == tenant and isinstance(r, kind)]
 
     def count(self, tenant: str) -> int:
         return sum(r.tenant == tenant for r in self._regions.values())

@@ -19,7 +19,7 @@ import uvloop
 from gateway.server import start_gateway
 from protocol.config import load_config
 from storage_server.daemon import StorageServer
-from storage_server.kv_service import PacerFactory, TransferInfo
+from storage_server.kv_service import PacerFactory, TransferInfo, VerbsOpener
 from storage_server.store import open_chunk_source, open_object_store
 
 
@@ -75,9 +75,10 @@ class _GatePacer:
 class InProcessNode:
     """Storage server + gateway on a background event loop; ``endpoint`` and ``rpc_socket`` as the subprocess fixture has."""
 
-    def __init__(self, config_path: Path, pacers: Sequence[PacerFactory] = ()) -> None:
+    def __init__(self, config_path: Path, pacers: Sequence[PacerFactory] = (), open_verbs: VerbsOpener | None = None) -> None:
         self.config = load_config(config_path)
         self.pacers = list(pacers)
+        self.open_verbs = open_verbs
         self.endpoint = ""
         self.rpc_socket = str(self.config.rpc_socket)
         self._loop = uvloop.new_event_loop()
@@ -92,7 +93,8 @@ class InProcessNode:
     async def _start(self) -> None:
         cfg = self.config
         store = open_object_store(cfg)
-        self.storage_server = StorageServer(cfg, store, open_chunk_source(cfg, store), self.pacers)
+        extra = {"open_verbs": self.open_verbs} if self.open_verbs is not None else {}
+        self.storage_server = StorageServer(cfg, store, open_chunk_source(cfg, store), self.pacers, **extra)
         rpc = await self.storage_server.start()
         port, stop_gateway = await start_gateway(cfg, open_object_store(cfg), "127.0.0.1", 0)
         self.endpoint = f"http://127.0.0.1:{port}"

@@ -28,7 +28,7 @@ def test_the_client_sdk_loads_neither_the_server_nor_the_gateway():
 
 
 @pytest.mark.parametrize("module", ["protocol.errors", "protocol.wire", "protocol.rpc", "protocol.kv_http", "protocol.shm",
-                                    "protocol.checksums", "protocol.config"])
+                                    "protocol.checksums", "protocol.config", "protocol.verbs", "protocol.pyverbs_device"])
 def test_the_contract_package_imports_nothing_of_the_project(module):
     assert project_packages(loaded_after(f"import {module}")) == {"protocol"}
 

@@ -27,6 +27,7 @@ from protocol.kv_http import (
     HEADER_GATEWAY_S,
     HEADER_MODE,
     HEADER_PAYLOAD_BYTES,
+    HEADER_RDMA_TAG,
     MAX_JSON_BODY,
     LookupReply,
     PutReply,
@@ -89,7 +90,7 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
             HEADER_MODE: accepted.mode,
             HEADER_PAYLOAD_BYTES: str(accepted.payload_bytes),
             HEADER_GATEWAY_S: f"{time.perf_counter() - started:.6f}",
-        })
+        } | ({HEADER_RDMA_TAG: str(accepted.rdma_tag)} if accepted.rdma_tag else {}))
         await resp.prepare(req.http)
         try:
             await _relay_frames(reader, resp)

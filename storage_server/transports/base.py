@@ -67,6 +67,8 @@ class Transport(abc.ABC):
     staging: Staging = Staging(in_server=False)
     # How many piece buffers rotate (one is reused only after its piece was delivered); 0 = none reused.
     buffers_in_rotation: int = 0
+    # Tags this transfer's out-of-band layer notifications (rdma over pyverbs); 0 = none.
+    tag: int = 0
 
     def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         self.frames = frames

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.rdma_token import RdmaToken
 
 # Poll a transfer's state this often once it is not done at once (uvloop timers are ms-grained).
 POLL_S = 0.0005
@@ -66,3 +67,37 @@ class NixlEngine:
                 state = self.agent.check_xfer_state(handle)
         finally:
             self.agent.release_xfer_handle(handle)
+
+
+class NixlLink:
+    """One client region reached through the NIXL agent: ``[addr, addr+size)`` of ``agent`` on ``device``."""
+
+    broken = False  # UCX reconnects by itself; a failed write fails only its transfer
+
+    def __init__(self, engine: NixlEngine, agent: bytes, addr: int, size: int, device: int = 0) -> None:
+        self.engine, self.agent, self.addr, self.size, self.device = engine, agent, addr, size, device
+
+    def register(self, buf: np.ndarray) -> Any:
+        return self.engine.register(buf)
+
+    def deregister(self, handle: Any) -> None:
+        self.engine.deregister(handle)
+
+    def begin(self) -> int:
+        return 0
+
+    def matches(self, token: RdmaToken) -> bool:
+        """NIXL names memory by agent and address, which the region holds: no key of the token to compare."""
+        return True  # the LAYER frame is the notification: nothing to tag
+
+    async def write(self, local: np.ndarray, handle: Any, offset: int) -> None:
+        if offset < 0 or offset + local.nbytes > self.size:
+            raise S3Error(ErrorCode.AccessDenied, f"an RDMA write of {local.nbytes} bytes at offset {offset} would leave the "
+                          f"{self.size} bytes the tenant registered")
+        await self.engine.write(local.ctypes.data, local.nbytes, self.agent, self.addr + offset, self.device)
+
+    async def notify(self, tag: int, layer: int) -> None:
+        """Nothing: NIXL's write completed only once the bytes landed, and the LAYER frame follows."""
+
+    def close(self) -> None:
+        """The agent stays known: other regions of the same client may use it."""

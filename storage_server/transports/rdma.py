@@ -6,30 +6,54 @@ control plane); the descriptor names the region by id and capability token exact
 (bounded like ``http``: two pieces of at most 8 MiB), WRITEs each into the client's region at
 its layer-major place, and sends LAYER ℓ on the HTTP stream once the write has landed, in
 layer order. The HTTP request stays the control plane: errors and END statistics travel there.
-Engines: NIXL (UCX: verbs, CMA or TCP); pyverbs is configuration-selectable but not built yet.
+
+The region's link is its engine (``storage_server.rdma_engine``): :class:`~.nixl_engine.NixlLink`
+(NIXL over UCX: verbs, CMA or TCP) or :class:`~.verbs_engine.VerbsConnection` (an RC queue pair
+of its own; each layer is also announced by a WRITE_WITH_IMM tagged with this transfer's tag,
+which the client learns from the ``x-oc-rdma-tag`` response header).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
+
+from protocol.errors import ErrorCode, S3Error
+from protocol.rdma_token import RdmaToken
 
 from ..plan import Staging
 from ..regions import Region
 from .base import FrameSink, OpenRequest, Transport
 from .http import MAX_PIECE_BYTES
-from .nixl_engine import NixlEngine
+
+
+class RdmaLink(Protocol):
+    """What the transport needs of an engine for one client region."""
+
+    broken: bool  # the connection failed: the region must be registered again
+
+    def register(self, buf: np.ndarray) -> Any: ...
+    def deregister(self, handle: Any) -> None: ...
+    def begin(self) -> int: ...
+    def matches(self, token: RdmaToken) -> bool:
+        """Whether an x-amz-rdma-token's keys name this link's memory (its address range is checked apart)."""
+        ...
+    async def write(self, local: np.ndarray, handle: Any, offset: int) -> None: ...
+    async def notify(self, tag: int, layer: int) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
 class RemoteRegion(Region):
-    """Memory in a client process, writable through ``engine`` to ``agent`` at ``[addr, addr+size)``."""
+    """Memory in a client process at ``[addr, addr+size)``, writable through ``link``."""
 
-    engine: NixlEngine = field(repr=False, kw_only=True)
-    agent: bytes = field(kw_only=True)
+    link: RdmaLink = field(repr=False, kw_only=True)
     addr: int = field(kw_only=True)
-    device: int = field(default=0, kw_only=True)
+
+    def close(self) -> None:
+        self.link.close()
 
 
 class RdmaTransport(Transport):
@@ -43,17 +67,25 @@ class RdmaTransport(Transport):
         self._buffers: list[tuple[np.ndarray, object]] = []  # staging piece and its registration
         self._turn = 0
         self._payload: tuple[np.ndarray, object] | None = None
+        self.link = region.link
+        self.tag = self.link.begin()
         region.hold()
 
     @classmethod
     def open(cls, request: OpenRequest) -> "RdmaTransport":
         d, t = request.descriptor, request.descriptor.target
         region = request.regions.resolve(request.tenant, t.region_id, t.token, t.offset, d.payload_bytes, RemoteRegion)
+        if region.link.broken:
+            # Its connection failed earlier: forget it, so the SDK registers afresh (as after a restart).
+            if not region.in_use:
+                request.regions.unregister(request.tenant, t.region_id, t.token)
+            raise S3Error(ErrorCode.KVNoSuchRegion, "the RDMA connection of this region failed; register the memory again",
+                          extra={"RegionId": t.region_id.hex()})
         return cls(request.frames, region, t.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
 
     def _registered(self, nbytes: int) -> tuple[np.ndarray, object]:
         buf = np.empty(nbytes, np.uint8)
-        return buf, self.region.engine.register(buf)
+        return buf, self.link.register(buf)
 
     def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:
         nbytes = (last - first) * self.chunk_bytes
@@ -62,7 +94,7 @@ class RdmaTransport(Transport):
         if slot == len(self._buffers):
             self._buffers.append(self._registered(nbytes))
         elif self._buffers[slot][0].nbytes < nbytes:
-            self.region.engine.deregister(self._buffers[slot][1])
+            self.link.deregister(self._buffers[slot][1])
             self._buffers[slot] = self._registered(nbytes)
         return memoryview(self._buffers[slot][0])[:nbytes]
 
@@ -71,13 +103,23 @@ class RdmaTransport(Transport):
             self._payload = self._registered(self.layer_bytes * self.num_layers)
         return memoryview(self._payload[0])
 
+    def _handle(self, data: memoryview) -> object:
+        """The registration of the staging buffer ``data`` is a view of."""
+        base = np.frombuffer(data, np.uint8).ctypes.data
+        for buf, handle in self._buffers + ([self._payload] if self._payload else []):
+            if buf.ctypes.data <= base < buf.ctypes.data + buf.nbytes:
+                return handle
+        raise AssertionError("a piece outside the registered staging buffers")
+
     async def _write(self, data: memoryview, offset: int) -> None:
-        arr = np.frombuffer(data, np.uint8)
-        r = self.region
-        await r.engine.write(arr.ctypes.data, arr.nbytes, r.agent, r.addr + offset, r.device)
+        await self.link.write(np.frombuffer(data, np.uint8), self._handle(data), offset)
 
     async def deliver_piece(self, layer: int, first: int, data: memoryview) -> None:
         await self._write(data, self.piece_offset(layer, first))
+
+    async def layer_ready(self, layer: int, checksum: int) -> None:
+        await self.link.notify(self.tag, layer)
+        await super().layer_ready(layer, checksum)
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         await self._write(data, self.base_offset)
@@ -86,7 +128,7 @@ class RdmaTransport(Transport):
 
     def close(self) -> None:
         for _, handle in self._buffers + ([self._payload] if self._payload else []):
-            self.region.engine.deregister(handle)
+            self.link.deregister(handle)
         self._buffers.clear()
         self._payload = None
         self.region.release()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,8 @@ def test_bench_transfer(tmp_path):
     rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()  # beside http and shm where NIXL is installed
     assert set(row["paths"]) == {"opt-local", "loopback-TCP", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-http-relay", "ObjectCache-shm"} | rdma
     assert result["rdma"].startswith("ObjectCache-rdma")
+    if rdma:  # the UCX transport the storage server's writes used, as UCX itself reported it (CMA or TCP here)
+        assert re.search(r"remote writes used [a-z_0-9]+/\S+", result["rdma"]), result["rdma"]
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from kvsupport import client, keys_for, make_chunks, reference, run, tiny_layout
+from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from rawhttp import signed
 
 from client_sdk import ObjectCacheClient
@@ -77,3 +77,25 @@ def test_auto_picks_shm_on_this_host_and_rdma_for_a_remote_endpoint(tenants):
     t = tenants["alice"]
     assert ObjectCacheClient("http://127.0.0.1:9000", t.access_key, t.secret_key, "b")._transport_kind("auto") == TransportKind.SHM
     assert ObjectCacheClient("http://kv.example:9000", t.access_key, t.secret_key, "b")._transport_kind("auto") == TransportKind.RDMA
+
+
+def test_the_callers_own_memory_is_registered_once_and_written_in_place(server, tenants, rdma_bucket):
+    bucket, keys, chunks = rdma_bucket
+    expected = reference(LAYOUT, chunks)
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            mine, other = np.zeros(LAYOUT.payload_bytes(40) + 100, np.uint8), bytearray(LAYOUT.payload_bytes(40))
+            before = rpc(server.rpc_socket, "status")["regions"]
+            for out in (mine, mine, other, mine):
+                async with c.fetch_layers(keys, LAYOUT, "rdma", out=out) as layers:
+                    async for _ in layers:
+                        pass
+                written = np.frombuffer(out, np.uint8)[: expected.size]
+                assert np.array_equal(written.reshape(expected.shape), expected)
+            assert rpc(server.rpc_socket, "status")["regions"] == before + 2  # one registration per buffer, reused
+            for bad, why in ((bytes(expected.size), "writable"), (np.zeros(10, np.uint8), "the payload needs"), (3, "buffer protocol")):
+                with pytest.raises(ValueError, match=why):
+                    await c.fetch(keys, LAYOUT, "rdma", out=bad)
+
+    run(scenario())

@@ -74,3 +74,18 @@ def test_example_serving_loop_runs(server, tenants):
                         "--layer-compute-ms", "0.5"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "TTFT layer-overlapped" in r.stdout and "16 chunks (256 tokens) cached" in r.stdout
+
+
+def test_ensure_bucket_creates_a_missing_bucket_but_never_hides_a_refusal(server, tenants):
+    bob = tenants["bob"]
+    alice = SyncObjectCacheClient(server.endpoint, tenants["alice"].access_key, tenants["alice"].secret_key, bucket="kv-ensure-owned")
+    intruder = SyncObjectCacheClient(server.endpoint, bob.access_key, bob.secret_key, bucket="kv-ensure-owned")
+    try:
+        alice.ensure_bucket()
+        alice.ensure_bucket()  # exists: nothing to do
+        with pytest.raises(Exception) as refused:
+            intruder.ensure_bucket()  # alice's bucket: bob's HEAD is refused, and that is what he must see
+        assert "403" in str(refused.value) or "Forbidden" in str(refused.value) or "AccessDenied" in str(refused.value)
+    finally:
+        alice.close()
+        intruder.close()

@@ -57,6 +57,7 @@ secret_key = "s2"
     ("[storage_server]\nhousekeeping_s = 0\n", "storage_server.housekeeping_s"),
     ("[storage_server]\nmax_descriptor_keys = 0\n", "storage_server.max_descriptor_keys"),
     ("[storage_server]\nread_threads = -1\n", "storage_server.read_threads"),
+    ('[storage_server]\nrdma_engine = "verbs"\n', "storage_server.rdma_engine"),
     ("[gateway]\nmax_list_keys = 1001\n", "gateway.max_list_keys"),
     ("[store.local]\nio_threads = 0\n", "store.local.io_threads"),
     ("[store.local]\nx = 1\n", "store.local.x"),
@@ -224,3 +225,10 @@ def test_operations_keys_are_checked_and_overridable():
                            "OBJECTCACHE_METRICS_STORAGE_SERVER_PORT": "9102"})
     assert (cfg.log.access, cfg.log.format, cfg.gateway.drain_timeout_s, cfg.metrics.storage_server_port) == (False, "json", 5.0, 9102)
     assert (cfg.metrics.host, cfg.metrics.gateway_port, cfg.storage_server.drain_timeout_s) == ("127.0.0.1", 0, 30.0)
+
+
+def test_the_rdma_engine_is_configuration_with_an_environment_override():
+    assert load_config(env={}).storage_server.rdma_engine == "nixl"
+    assert load_config(env={"OBJECTCACHE_STORAGE_SERVER_RDMA_ENGINE": "pyverbs"}).storage_server.rdma_engine == "pyverbs"
+    with pytest.raises(ConfigError, match="storage_server.rdma_engine: must be one of nixl, pyverbs"):
+        load_config(env={"OBJECTCACHE_STORAGE_SERVER_RDMA_ENGINE": "ucx"})

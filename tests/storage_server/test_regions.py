@@ -134,3 +134,17 @@ def test_the_client_cannot_shrink_a_registered_region():
             os.ftruncate(region.fd, 4096)
     finally:
         region.close()
+
+
+def test_populated_bytes_are_bounded_per_tenant_and_unpopulated_regions_are_not_counted(segments):
+    registry = RegionRegistry(populate_max_bytes=3 * 4096)
+    for _ in range(2):
+        segment = segments()
+        registry.complete(registry.offer("t", segment.size, populate=True).secret, segment.fd)
+    registry.offer("t", 4096, populate=True)  # a pending ticket counts as well: this is the third
+    with pytest.raises(S3Error) as refused:
+        registry.offer("t", 4096, populate=True)
+    assert refused.value.code.name == "InvalidArgument" and refused.value.extra["ArgumentName"] == "populate"
+    assert "storage_server.populate_max_bytes" in str(refused.value)
+    registry.offer("t", 1 << 40)  # not populated: the server touches only what transfers write
+    registry.offer("u", 4096, populate=True)  # another tenant has its own budget

@@ -8,6 +8,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.rdma_token import HEADER_RDMA_TOKEN
 from storage_server.store import ByteRange, ObjectMeta, PutSpec
 
 from .. import headers as h
@@ -15,6 +16,7 @@ from .. import xml
 from ..access import canned_acl
 from ..context import MAX_KEY_BYTES, S3Request
 from .common import empty, part_number, xml_response
+from .rdma_get import rdma_get_object
 
 MAX_DELETE_KEYS = 1000
 GET_PREFETCH = 64 * 1024  # objects up to this size are answered from the metadata call's read
@@ -71,6 +73,8 @@ def _response_plan(req: S3Request, meta: ObjectMeta) -> tuple[ByteRange | None, 
 
 
 async def get_object(req: S3Request) -> web.StreamResponse:
+    if HEADER_RDMA_TOKEN in req.headers:  # S3 over RDMA: the bytes go into the client's registered memory
+        return await rdma_get_object(req, lambda meta: _response_plan(req, meta))
     bucket = await req.readable_bucket()
     # Metadata, the open file and a small object's bytes come in one backend call, all of one version.
     reader = await req.readable(req.store.open_object(req.bucket, req.key_checked(), prefetch=GET_PREFETCH), bucket)
