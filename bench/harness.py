@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ class BenchServer:
     secret_key: str
     proc: subprocess.Popen
     root: Path
+    env: dict[str, str] | None = None  # what start_server added to its environment (a restart keeps it)
 
     def stop(self, keep_data: bool = False) -> None:
         """Stop the server and (unless ``keep_data``, for a restart on the same store) delete its data."""
@@ -39,20 +41,35 @@ class BenchServer:
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def restart(self, extra_toml: str = "") -> "BenchServer":
-        """The same store and credentials under a new configuration (e.g. another bandwidth policy)."""
+    def status(self) -> dict:
+        """The storage server's operator status (its RPC socket under the data directory), e.g. ``chunk_cache``."""
+        from protocol.rpc import Op, RpcRequest, decode_reply
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(str(self.root / "data" / "storage-server.sock"))
+            s.sendall(RpcRequest(Op.STATUS).encode())
+            return decode_reply(s.makefile("rb").readline())
+
+    def restart(self, extra_toml: str = "", same_port: bool = False) -> "BenchServer":
+        """The same store, credentials and environment under a new configuration (e.g. another bandwidth policy);
+        ``same_port``: at the same endpoint, so clients of the old process carry on (they reconnect and re-register)."""
         self.stop(keep_data=True)
-        return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key))
+        port = int(self.endpoint.rsplit(":", 1)[1].split("/", 1)[0]) if same_port else 0
+        return start_server(extra_toml, root=self.root, credentials=(self.access_key, self.secret_key), env=self.env, port=port)
 
 
 def start_server(extra_toml: str = "", root: Path | None = None, credentials: tuple[str, str] | None = None,
-                 env: dict[str, str] | None = None) -> BenchServer:
-    """``objectcache serve`` on a free port with one tenant, in a temporary data directory (``env``: added to its environment)."""
+                 env: dict[str, str] | None = None, store_toml: str = "", port: int = 0) -> BenchServer:
+    """``objectcache serve`` on ``port`` (0: a free one) with one tenant, in a temporary data directory.
+
+    ``env``: added to its environment; ``store_toml``: more lines of the ``[store]`` table (e.g. ``backend = "s3"``).
+    """
     root = root or Path(tempfile.mkdtemp(prefix="objectcache-bench-"))
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
-    cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
-    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"],
+    cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n{store_toml}[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
+    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", str(port)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             # No access log: one line per request would flood the benchmark's terminal (and cost time).
                             env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
@@ -66,7 +83,7 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
         raise RuntimeError("benchmark server did not start")
     # Keep reading: a server that prints (a restart notice, a warning) must never block on a full pipe.
     threading.Thread(target=lambda: [print(line, end="", file=sys.stderr) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-    return BenchServer(endpoint, ak, sk, proc, root)
+    return BenchServer(endpoint, ak, sk, proc, root, env)
 
 
 def grouped_bars(ax, groups: list[str], series: dict[str, list[float]], rotation: int = 30) -> None:

@@ -12,7 +12,11 @@ loop computes layer ℓ as soon as it is usable (the A100 model of
   ``shm`` region and the loop computes on it when its frame arrives.
 
 Local loaders run in a thread (numpy copies release the GIL), so loading and
-compute overlap as they would with a copy engine. ``--scale k`` divides the
+compute overlap as they would with a copy engine. Each path's TTFT is the median of
+``--repeats`` runs (with the spread); for ObjectCache-LW the median run's per-layer
+timeline is kept: the server's setup (decode, pin, plan) and each layer's read
+start/end and ready times, and the client's arrival and wait for each layer, so a
+stall shows where it comes from. ``--scale k`` divides the
 bytes per token *and* the compute times by k: every configuration needs the
 same bandwidth (bytes per second of compute) as at full size.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -130,6 +135,7 @@ class Case:
         self.chunks = chunks.reshape(n, layout.num_layers, s)  # chunk objects, chunk-major
         self.layer_major = np.ascontiguousarray(self.chunks.transpose(1, 0, 2))
         self.dest = np.empty((layout.num_layers, n, s), np.uint8)
+        self.timeline: dict = {}  # ObjectCache-LW's last run, see timeline_of
 
     async def opt_local_lw(self) -> None:
         await serve_layerwise(ThreadLoader(self.layout.num_layers, lambda i: np.copyto(self.dest[i], self.layer_major[i])), self.compute)
@@ -146,28 +152,54 @@ class Case:
         await compute_all(self.compute)
 
     async def objectcache_lw(self) -> None:
+        waits: list[float] = []
+        t = time.perf_counter()  # layer 0's wait includes the request
         async with self.client.fetch_layers(self.keys, self.layout, "shm", mode="layerwise",
                                             compute_window=self.compute_window) as layers:
-            async for index, _ in layers:
+            stream = aiter(layers)
+            for i in range(self.layout.num_layers):
+                if i:
+                    t = time.perf_counter()
+                index, _view = await anext(stream)
+                waits.append(time.perf_counter() - t)
                 await self.compute(index)
+            async for _ in stream:  # the END frame: the server's report
+                pass
+        self.timeline = timeline_of(layers.stats, waits)
 
     def paths(self) -> dict[str, Callable[[], Awaitable[None]]]:
         return dict(zip(PATHS, (self.opt_local_lw, self.local_cw, self.local_lw, self.s3_cw, self.objectcache_lw)))
 
 
-async def measure(case: Case, repeats: int) -> dict[str, float]:
-    """Each path's best TTFT of ``repeats`` runs (after one warm-up of the network paths)."""
-    out = {}
+def timeline_of(stats, waits: list[float]) -> dict:
+    """One ObjectCache-LW run, layer by layer. Server times count from the transfer's start (after
+    ``setup_s``: decode, pin, plan); the client's from its request; ``consumer_wait_s``: how long the
+    serving loop waited for the layer after computing the one before (layer 0: from the request)."""
+    server = stats.server.layer_timeline or [[0.0, 0.0, 0.0]] * len(waits)
+    return {
+        "setup_s": stats.server.setup_s, "first_layer_s": stats.first_layer_s or 0.0, "consumer_wait_s": sum(waits),
+        "layers": [{"read_start_s": r[0], "read_end_s": r[1], "ready_s": r[2], "arrival_s": a, "consumer_wait_s": w}
+                   for r, a, w in zip(server, stats.layer_arrival_s, waits)],
+    }
+
+
+async def measure(case: Case, repeats: int) -> tuple[dict[str, list[float]], dict]:
+    """Each path's TTFT in each of ``repeats`` runs (after one warm-up of the network paths), and
+    ObjectCache-LW's timeline of its median run."""
+    out: dict[str, list[float]] = {}
+    timelines: list[dict] = []
     for name, run in case.paths().items():
         if name in ("S3-CW", "ObjectCache-LW"):
             await run()  # warm the page cache and the connections, as a serving engine would be
-        best = float("inf")
+        out[name] = []
         for _ in range(repeats):
             t = time.perf_counter()
             await run()
-            best = min(best, time.perf_counter() - t)
-        out[name] = best
-    return out
+            out[name].append(time.perf_counter() - t)
+            if name == "ObjectCache-LW":
+                timelines.append(case.timeline)
+    runs = out["ObjectCache-LW"]
+    return out, timelines[sorted(range(len(runs)), key=runs.__getitem__)[len(runs) // 2]]
 
 
 async def run_all(args: argparse.Namespace) -> list[dict]:
@@ -198,12 +230,14 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
                         window = per_layer_seconds(ctx, cached) / scale
                         compute = torch_compute(ctx, cached, scale) if args.compute == "torch" else model_compute(gpu, window)
                         case = Case(layout, keys[:n], chunks[:n], compute, window, c, s3)
-                        ttft = await measure(case, repeats)
+                        runs, timeline = await measure(case, repeats)
+                        ttft = {p: statistics.median(r) for p, r in runs.items()}
                         base = ttft["opt-local-LW"]
                         rows.append({
                             "chunk_tokens": g, "context": ctx, "hit": hit, "chunks": n, "payload_bytes": layout.payload_bytes(n),
                             "compute_per_layer_s": window,
-                            "paths": {p: {"ttft_s": t, "overhead_vs_opt_local_lw": t / base - 1} for p, t in ttft.items()},
+                            "paths": {p: {"ttft_s": t, "runs_s": runs[p], "overhead_vs_opt_local_lw": t / base - 1} for p, t in ttft.items()},
+                            "timeline": timeline,
                         })
                         del case
     finally:
@@ -243,10 +277,24 @@ def run(args: argparse.Namespace) -> dict:
         args.scale, args.repeats = 64, 1
     rows = asyncio.run(run_all(args))
     scale = args.scale
-    print(f"\nTTFT per path; bytes per token and compute ÷{scale}; compute model: {args.compute}; best of {args.repeats}.\n")
-    print_table(["G", "context", "hit", "compute/layer ms", *(f"{p} s (overhead)" for p in PATHS)],
+    print(f"\nTTFT per path; bytes per token and compute ÷{scale}; compute model: {args.compute}; "
+          f"median of {args.repeats} runs (overhead of the median; spread of ObjectCache-LW's runs in its own column).\n")
+    print_table(["G", "context", "hit", "compute/layer ms", *(f"{p} s (overhead)" for p in PATHS), "ObjectCache-LW runs s"],
                 [[r["chunk_tokens"], r["context"], r["hit"], f"{r['compute_per_layer_s'] * 1000:.2f}",
-                  *(f"{v['ttft_s']:.3f} ({v['overhead_vs_opt_local_lw']:+.1%})" for v in r["paths"].values())] for r in rows])
+                  *(f"{v['ttft_s']:.3f} ({v['overhead_vs_opt_local_lw']:+.1%})" for v in r["paths"].values()),
+                  f"{min(r['paths']['ObjectCache-LW']['runs_s']):.3f}–{max(r['paths']['ObjectCache-LW']['runs_s']):.3f}"] for r in rows])
+    print("\nObjectCache-LW's median run: server setup (decode, pin, plan), first layer usable at the client, "
+          "the serving loop's total wait, the layers it waited > 0.5 ms for, and the slowest layer read:\n")
+    print_table(["G", "context", "hit", "setup ms", "first layer ms", "loop wait ms", "layers waited", "slowest read ms"],
+                [[r["chunk_tokens"], r["context"], r["hit"], f"{r['timeline']['setup_s'] * 1000:.1f}", f"{r['timeline']['first_layer_s'] * 1000:.1f}",
+                  f"{r['timeline']['consumer_wait_s'] * 1000:.1f}", sum(x["consumer_wait_s"] > 5e-4 for x in r["timeline"]["layers"]),
+                  f"{max(x['read_end_s'] - x['read_start_s'] for x in r['timeline']['layers']) * 1000:.1f}"] for r in rows])
+    flagship = max(rows, key=lambda r: (r["context"], r["hit"], -r["chunk_tokens"]))
+    print(f"\nPer-layer timeline of G={flagship['chunk_tokens']} {flagship['context'] // 1024}K@{flagship['hit']:.1%} (ms; server from the "
+          "transfer's start, client from its request):\n")
+    print_table(["layer", "read start", "read end", "ready", "client arrival", "loop wait"],
+                [[i, *(f"{x[k] * 1000:.1f}" for k in ("read_start_s", "read_end_s", "ready_s", "arrival_s", "consumer_wait_s"))]
+                 for i, x in enumerate(flagship["timeline"]["layers"])])
     met = targets(rows)
     print_targets(met)
     result = {"benchmark": "ttft", "quick": args.quick, "scale": scale, "compute": args.compute, "rows": rows, "targets": met}
@@ -258,5 +306,5 @@ def add_parser(sub) -> None:
     p.add_argument("--scale", type=power_of_two, default=8, help="divide bytes per token and compute time by this (power of two)")
     p.add_argument("--compute", choices=["model", "torch"], default="model",
                    help="per-layer compute: the A100 model (default) or real matmuls on a CUDA GPU")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per path (the best is reported)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per path (the median is reported, with the spread)")
     p.add_argument("--only", metavar="G:CONTEXT", help="one (G, context), e.g. 16:65536")

@@ -99,6 +99,8 @@ class FetchStats:
     gateway_s: float = 0.0
     client_total_s: float = 0.0
     first_layer_s: float | None = None
+    # When each layer was handed to the caller, seconds from the request (the client's half of the per-layer timeline).
+    layer_arrival_s: list[float] = field(default_factory=list)
     server: TransferStats = field(default_factory=TransferStats)
 
     @property
@@ -173,8 +175,9 @@ class LayerStream:
                 if self.verify and crc32c(view) != frame.checksum:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
                 self._next += 1
+                self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
                 if self.stats.first_layer_s is None:
-                    self.stats.first_layer_s = time.perf_counter() - self._started
+                    self.stats.first_layer_s = self.stats.layer_arrival_s[0]
                 return frame.layer, view
             elif frame.type == FrameType.END:
                 self.stats.server = TransferStats.from_json(await self._frames.read_json(frame))

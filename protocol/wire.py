@@ -333,6 +333,13 @@ class TransferStats:
     first_layer_s: float = 0.0
     # Bandwidth allocation for layerwise transfers (scheduler): policy, rate, epoch.
     allocation: dict = field(default_factory=dict)
+    # From the request's arrival to the first read: descriptor decode, pinning the chunks, planning.
+    setup_s: float = 0.0
+    # Layerwise: per layer [read start, read end, ready (its LAYER frame sent)], seconds from the start of the transfer.
+    layer_timeline: list = field(default_factory=list)
+    # Page-cache hit ratio of a sample of the chunks, and the bytes of cold chunks read ahead because of it.
+    resident_sample: float = 1.0
+    read_ahead_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

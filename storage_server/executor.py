@@ -1,16 +1,18 @@
 """The descriptor executor: range reads of chunk objects, layer-major assembly, in-order delivery.
 
-Layerwise, for ℓ = 0..L-1: the slice ``[ℓS, (ℓ+1)S)`` of every chunk is read
-with ``preadv`` straight into the layer's destination (chunk j at ``j·S``) by a
-bounded thread pool (each task reads a contiguous run of chunks, so Python
-overhead is per run, not per slice, and the GIL is released during reads);
+Layerwise, for ℓ = 0..L-1: the slice ``[ℓS, (ℓ+1)S)`` of every chunk is copied
+straight into the layer's destination (chunk j at ``j·S``) by a bounded thread
+pool, each task a contiguous run of chunks with the GIL released. When every
+chunk is mapped in one arena (:mod:`storage_server.store.mapped_files`), a run is
+one ``np.take`` of rows of the arena (no syscall and no Python per slice);
+otherwise it is one ``preadv`` per chunk;
 the layer's CRC32C (unless the descriptor waives it) is computed off the event
 loop and, like the delivery of layer ℓ, overlaps the reads of layer ℓ+1; layers
 are delivered strictly in order.
 
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
-iovecs land its L slices at their layer-major places; all notifications come
-at the end.
+iovecs land its L slices at their layer-major places (mapped chunks: one
+``np.take`` per layer); all notifications come at the end.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 from awscrt.checksums import crc32c
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
+from .residency import read_ahead, read_ahead_budget, resident_fraction
 from .store import ChunkHandle
 from .transports import Transport
 
@@ -50,10 +54,42 @@ class ReadPlan:
     fds: list[int]
     offsets: list[int]  # where each chunk starts in its file
     piece_chunks: int  # layerwise: chunks read (and delivered) at a time
+    rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
+    first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
 
     @classmethod
     def of(cls, descriptor: Descriptor, mode: Mode, handles: list[ChunkHandle], piece_chunks: int) -> "ReadPlan":
-        return cls(descriptor, mode, [h.fd for h in handles], [h.offset for h in handles], piece_chunks)
+        rows, first_rows = _mapped_rows(handles, descriptor.per_layer_chunk_bytes)
+        return cls(descriptor, mode, [h.fd for h in handles], [h.offset for h in handles], piece_chunks, rows, first_rows)
+
+    @property
+    def mapped(self) -> bool:
+        return self.rows is not None
+
+
+def _mapped_rows(handles: list[ChunkHandle], size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
+    first = handles[0].mapped if handles and size > 0 else None
+    if first is None or (rows := first.arena.rows(size)) is None:
+        return None, None
+    slots = []
+    for h in handles:
+        if h.mapped is None or h.mapped.arena is not first.arena or h.offset:
+            return None, None
+        slots.append(h.mapped.index)
+    return rows, np.asarray(slots, np.intp) * (first.arena.slot_bytes // size)
+
+
+def _take_run(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, base: int, layer: int, size: int, dest: memoryview) -> None:
+    """Row ``layer`` of mapped chunks first..last-1 into ``dest`` at ``(j - base)·size``: one gather, GIL released."""
+    out = np.frombuffer(dest, np.uint8, (last - first) * size, (first - base) * size).reshape(-1, size)
+    np.take(rows, first_rows[first:last] + layer, axis=0, out=out, mode="clip")  # "clip": no checked copy of out
+
+
+def _take_whole_chunks(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
+    """Mapped chunks first..last-1, every layer, into layer-major places."""
+    for layer in range(layers):
+        _take_run(rows, first_rows, first, last, -layer * n_chunks, layer, size, dest)  # chunk j at (layer·n + j)·size
 
 
 def _read_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, file_offset: int, size: int, dest: memoryview) -> None:
@@ -98,13 +134,15 @@ class Executor:
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
     async def _read_runs(self, fn, plan: ReadPlan, first: int, last: int, *args) -> None:
-        """Run ``fn(fds, offsets, a, b, *args)`` over contiguous runs ``[a, b)`` of chunks first..last-1 on the read pool.
+        """Run ``fn(fds, offsets, a, b, *args)`` (mapped plans: ``fn(rows, first_rows, a, b, *args)``)
+        over contiguous runs ``[a, b)`` of chunks first..last-1 on the read pool.
 
         If one run fails, the others are waited for before the error propagates,
         so no thread is still writing into a buffer the caller is about to free.
         """
         loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self.pool, fn, plan.fds, plan.offsets, a, b, *args) for a, b in self._runs(first, last)]
+        sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
+        futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in self._runs(first, last)]
         try:
             await asyncio.gather(*futures)
         except BaseException:
@@ -114,7 +152,10 @@ class Executor:
     async def read_piece(self, plan: ReadPlan, layer: int, first: int, last: int, dest: memoryview) -> None:
         """Slice ``layer`` of chunks first..last-1, in prefix order, into ``dest``."""
         s = plan.descriptor.per_layer_chunk_bytes
-        await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest)
+        if plan.mapped:
+            await self._read_runs(_take_run, plan, first, last, first, layer, s, dest)
+        else:
+            await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest)
 
     async def run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
@@ -131,11 +172,27 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        # Cold chunks (a sampled one is not in the page cache): the kernel reads them all ahead, deep-queued.
+        resident = resident_fraction(plan.fds, plan.offsets)
+        ahead = None if resident == 1.0 else loop.run_in_executor(
+            None, read_ahead, plan.fds, plan.offsets, [d.num_layers * d.per_layer_chunk_bytes] * len(plan.fds), read_ahead_budget())
+        try:
+            stats = await self._run(plan, transport, pacer, started)
+        finally:
+            read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
+        stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
+        return stats
+
+    async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
+        d = plan.descriptor
+        loop = asyncio.get_running_loop()
         read_s = deliver_s = first_layer_s = 0.0
+        timeline: list[list[float]] = []  # layerwise: per layer read start, read end, ready
         if plan.mode == Mode.CHUNKWISE:
             dest = transport.payload_buffer()
             t0 = time.perf_counter()
-            await self._read_runs(_read_whole_chunks, plan, 0, len(plan.fds), len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
+            whole = _take_whole_chunks if plan.mapped else _read_whole_chunks
+            await self._read_runs(whole, plan, 0, len(plan.fds), len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
             crcs = (await loop.run_in_executor(self.pool, _crc_layers, dest, d.layer_bytes, d.num_layers)
                     if d.layer_checksums else [0] * d.num_layers)
             t1 = time.perf_counter()
@@ -144,6 +201,7 @@ class Executor:
             first_layer_s = time.perf_counter() - started  # every layer is ready at once
         else:
             deliveries: list[asyncio.Task] = []  # one per piece, in order
+            timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
             deliver_time = [0.0]
             crc = [0]  # running CRC32C of the layer being delivered
             first_ready = [0.0]
@@ -158,8 +216,9 @@ class Executor:
                 if ends_layer:
                     await transport.layer_ready(layer, crc[0])
                     crc[0] = 0
+                    timeline[layer][2] = time.perf_counter() - started
                     if layer == 0:
-                        first_ready[0] = time.perf_counter() - started
+                        first_ready[0] = timeline[layer][2]
                 deliver_time[0] += time.perf_counter() - t
 
             n, k = len(plan.fds), plan.piece_chunks
@@ -172,6 +231,7 @@ class Executor:
                     if pacer is not None:
                         await pacer.before_layer(d.layer_bytes)
                     t0 = time.perf_counter()
+                    timeline[layer][0] = t0 - started
                     try:
                         for first, last in pieces:
                             if reuse and len(deliveries) >= reuse:
@@ -185,7 +245,9 @@ class Executor:
                     finally:
                         if pacer is not None:
                             pacer.after_layer()
-                    read_s += time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    read_s += t1 - t0
+                    timeline[layer][1] = t1 - started
                 await deliveries[-1]
             except BaseException:
                 for t in deliveries:
@@ -194,6 +256,7 @@ class Executor:
                 raise
             deliver_s, first_layer_s = deliver_time[0], first_ready[0]
         return TransferStats(
+            layer_timeline=[[round(t, 6) for t in times] for times in timeline],
             mode=plan.mode.name.lower(),
             payload_bytes=d.payload_bytes,
             storage_read_s=read_s,

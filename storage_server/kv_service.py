@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,6 +177,7 @@ class KVService:
     async def get(self, call: RpcCall) -> Reply:
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
+        arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         frames = FrameSink(call.writer)
         slot = next(self._transfers)
@@ -197,8 +199,9 @@ class KVService:
             outcome, stats = "failed", None
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
+                setup_s = time.perf_counter() - arrived
                 stats = await _until_disconnect(call.reader, work)
-                stats.request_id = request_id
+                stats.request_id, stats.setup_s = request_id, setup_s
                 await frames.end(stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes

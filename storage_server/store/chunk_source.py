@@ -13,15 +13,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .mapped_files import MappedSlot
 
 
-@dataclass(frozen=True)
-class ChunkHandle:
-    """Where one chunk object's bytes can be read: ``size`` bytes of file ``fd`` from ``offset``."""
+class ChunkHandle(NamedTuple):
+    """Where one chunk object's bytes can be read: ``size`` bytes of file ``fd`` from ``offset``
+    (and, where the file is mapped, the same bytes at ``mapped``). A tuple: thousands are made per fetch."""
 
     fd: int
     offset: int
     size: int
+    mapped: MappedSlot | None = None
 
 
 @dataclass

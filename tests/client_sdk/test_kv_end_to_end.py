@@ -74,6 +74,15 @@ def test_both_modes_deliver_the_same_bytes(server, tenants, stored, transport, m
             assert stats.mode == mode
             assert np.array_equal(payload, reference(layout, chunks[:500]))
             assert stats.server.storage_read_s > 0 and stats.server.total_s > 0 and stats.request_id == stats.server.request_id
+            assert stats.server.setup_s > 0 and len(stats.layer_arrival_s) == layout.num_layers
+            assert stats.layer_arrival_s == sorted(stats.layer_arrival_s)
+            timeline = stats.server.layer_timeline  # read start, read end, ready: per layer, in order
+            if mode == "chunkwise":
+                assert timeline == []
+            else:
+                assert len(timeline) == layout.num_layers
+                assert all(start <= end <= ready for start, end, ready in timeline)
+                assert [t[2] for t in timeline] == sorted(t[2] for t in timeline) and timeline[-1][2] <= stats.server.total_s
 
     run(fetch())
 
@@ -302,5 +311,25 @@ def test_a_deleted_or_replaced_chunk_is_never_served_from_a_cached_file(server, 
             await c.put_chunks(keys, new, layout)
             payload, _ = await c.fetch(keys, layout, "http")
             assert np.array_equal(payload, reference(layout, new))
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("mode", ["chunkwise", "layerwise"])
+def test_mapped_and_unmapped_chunks_deliver_the_same_bytes(server, tenants, s3, mode):
+    """Chunk files are gathered from their mappings where a layer's slices are whole rows of a page-aligned
+    slot (every layout above) and read with preadv where they are not (S = 96 bytes here): same bytes."""
+    bucket = f"kv-unmapped-{mode}"
+    s3.create_bucket(Bucket=bucket)
+    odd = KVLayout(num_layers=5, chunk_tokens=16, kv_heads=3, head_dim=1, dtype="uint8")  # S = 96: 4096 % 96 != 0
+    keys = keys_for(odd, 300, f"odd-{mode}")
+    chunks = make_chunks(odd, 300, seed=5)
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, chunks, odd)
+            for transport in ("http", "shm"):
+                payload, stats = await c.fetch(keys, odd, transport, mode=mode)
+                assert stats.mode == mode and np.array_equal(payload, reference(odd, chunks))
 
     run(scenario())

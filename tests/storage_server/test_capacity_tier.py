@@ -114,6 +114,63 @@ def test_objects_and_bucket_ownership_are_the_same_on_every_node(tier):
     assert code(e) == "InvalidArgument"
 
 
+def test_tags_acls_and_parts_set_through_one_node_hold_on_the_other(tier):
+    _, a, b, people, _ = tier
+    alice_a, alice_b = boto_client(a.endpoint, people["alice"]), boto_client(b.endpoint, people["alice"])
+    bob_a, bob_b = boto_client(a.endpoint, people["bob"]), boto_client(b.endpoint, people["bob"])
+    alice_a.create_bucket(Bucket="attrs")
+    alice_a.put_bucket_tagging(Bucket="attrs", Tagging={"TagSet": [{"Key": "team", "Value": "kv"}]})
+    assert alice_b.get_bucket_tagging(Bucket="attrs")["TagSet"] == [{"Key": "team", "Value": "kv"}]
+    alice_a.put_object(Bucket="attrs", Key="doc", Body=b"shared", ACL="public-read", Tagging="tier=hot")
+    assert bob_b.get_object(Bucket="attrs", Key="doc")["Body"].read() == b"shared"  # public-read, seen by the other node
+    alice_b.put_object_acl(Bucket="attrs", Key="doc", ACL="private")
+    for bob in (bob_a, bob_b):  # at once on both nodes: the ACL is read from the upstream with the object
+        with pytest.raises(ClientError) as e:
+            bob.get_object(Bucket="attrs", Key="doc")
+        assert code(e) == "AccessDenied"
+    alice_b.put_object_tagging(Bucket="attrs", Key="doc", Tagging={"TagSet": [{"Key": "tier", "Value": "cold"}]})
+    assert alice_a.get_object_tagging(Bucket="attrs", Key="doc")["TagSet"] == [{"Key": "tier", "Value": "cold"}]
+    big = 5 * 1024 * 1024
+    upload = alice_a.create_multipart_upload(Bucket="attrs", Key="mp")["UploadId"]
+    parts = [{"PartNumber": n, "ETag": alice_a.upload_part(Bucket="attrs", Key="mp", UploadId=upload, PartNumber=n, Body=data)["ETag"]}
+             for n, data in ((1, b"a" * big), (2, b"tail"))]
+    alice_a.complete_multipart_upload(Bucket="attrs", Key="mp", UploadId=upload, MultipartUpload={"Parts": parts})
+    head = alice_b.head_object(Bucket="attrs", Key="mp", PartNumber=2)
+    assert (head["ContentLength"], head["PartsCount"]) == (4, 2)
+    assert alice_b.get_object(Bucket="attrs", Key="mp", PartNumber=2)["Body"].read() == b"tail"
+    assert len(alice_b.get_object(Bucket="attrs", Key="mp", PartNumber=1)["Body"].read()) == big
+
+
+def test_chunks_deleted_through_one_node_are_gone_from_the_others_lookup_and_cache(tier):
+    moto, a, b, people, root = tier
+    bucket = "kv-deleted"
+    alice_a = boto_client(a.endpoint, people["alice"])
+    alice_a.create_bucket(Bucket=bucket)
+    n = 16
+    keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=19)
+    run(_put(a, people["alice"], bucket, keys, chunks))
+    assert np.array_equal(run(_fetch(b, people["alice"], bucket, keys)), reference(LAYOUT, chunks))  # now in B's cache too
+
+    async def lookup() -> int:
+        async with client(b, people["alice"], bucket) as c:
+            return await c.lookup(keys)
+
+    before = len(moto.requests())
+    assert run(lookup()) == n
+    assert [r for r in moto.requests()[before:] if r.startswith(f"HEAD /{bucket}/")] == [f"HEAD /{bucket}/{keys[-1]} HTTP/1.1"]
+    cached = rpc(str(root / "b.sock"), "status")["chunk_cache"]["chunks"]
+    alice_a.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[10:]]})  # the tail, through A
+    before = len(moto.requests())
+    assert run(lookup()) == 10
+    assert len([r for r in moto.requests()[before:] if r.startswith("HEAD ")]) <= 1 + math.ceil(math.log2(n))
+    assert rpc(str(root / "b.sock"), "status")["chunk_cache"]["chunks"] == cached - 6  # the deleted chunks' copies are gone
+    with pytest.raises(Exception, match="NoSuchKey"):
+        run(_fetch(b, people["alice"], bucket, keys))  # fetched again from the upstream, which has no such chunk
+    assert np.array_equal(run(_fetch(b, people["alice"], bucket, keys[:10])), reference(LAYOUT, chunks[:10]))
+    alice_a.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[:10]]})
+    assert run(lookup()) == 0
+
+
 def test_a_restarted_node_serves_its_cache_without_refetching(tier):
     moto, a, _, people, root = tier
     bucket = "kv-restart"

@@ -1,7 +1,7 @@
 """The local-disk store as a chunk source: chunk files pinned through a shared open-file cache, bounded by ``cache.max_bytes``.
 
 Pinning a chunk takes a reference on its open file descriptor (opened once,
-kept between transfers; see :mod:`storage_server.store.localdisk.open_files`). A delete
+kept between transfers, and mapped; see :mod:`storage_server.store.localdisk.open_files`). A delete
 or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
 
@@ -23,7 +23,9 @@ from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.lru import LruPolicy
 from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
+from .locations import Location, LocationCache
 from .open_files import MissingFile, OpenFileCache
 from .store import LocalDiskStore
 
@@ -37,16 +39,27 @@ def _name(bucket: str, key: str) -> str:
 class LocalDiskChunkSource(ChunkSource):
     def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int) -> None:
         self.store = store
-        self.files = OpenFileCache(open_files)
+        # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
+        self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
         self.lru = LruPolicy()
         for bucket, key, size in store.index.chunk_objects():
             self.lru.add(_name(bucket, key), size)
         self.evicted = 0
         self._trimming: asyncio.Task | None = None
+        self.locations = LocationCache(store.index.db_path)
+
+    async def _locate(self, bucket: str, keys: list[str]) -> list[Location | None]:
+        """Each key's (file, size), or None: remembered while the metadata is unchanged, else asked of the index."""
+        found: list[Location | None] | None = self.locations.get(bucket, keys)  # type: ignore[assignment]
+        if found is None:
+            version = self.locations.seen
+            found = await self.store.locate(bucket, keys)
+            self.locations.put(bucket, keys, found, version)
+        return found
 
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
-        found = await self.store.locate(bucket, keys)
+        found = await self._locate(bucket, keys)
         return next((i for i, loc in enumerate(found) if loc is None), len(found))
 
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
@@ -75,15 +88,16 @@ class LocalDiskChunkSource(ChunkSource):
             self.evicted += len(keys)
 
     async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
-        found = await self.store.locate(bucket, keys)
+        found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
                 raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
         names = [_name(bucket, k) for k in keys]
         self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
         paths = [loc[0] for loc in found]  # type: ignore[index]
+        sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
-            fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths)
+            fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
         except MissingFile as e:
             self.lru.unpin(names)
             key = keys[e.index]
@@ -92,7 +106,7 @@ class LocalDiskChunkSource(ChunkSource):
             self.lru.unpin(names)
             raise
         self.lru.touch_chain(names)
-        handles = [ChunkHandle(fd, 0, loc[1]) for fd, loc in zip(fds, found)]  # type: ignore[index]
+        handles = [ChunkHandle(fd, 0, size, slot) for fd, size, slot in zip(fds, sizes, self.files.slots(paths))]
         return PinnedChunks(handles, functools.partial(self._release, paths, names))
 
     def _release(self, paths: list[str], names: list[str]) -> None:
@@ -110,7 +124,7 @@ class LocalDiskChunkSource(ChunkSource):
         return {"closed_fds_of_deleted_chunks": closed}
 
     def status(self) -> dict[str, object]:
-        return {"open_file_cache": self.files.status(),
+        return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
                 "chunk_bytes": {"bytes": self.lru.used, "max_bytes": self.max_bytes, "chunks": len(self.lru),
                                 "pinned_bytes": self.lru.pinned_bytes, "evicted": self.evicted}}
 
@@ -118,3 +132,4 @@ class LocalDiskChunkSource(ChunkSource):
         if self._trimming is not None:
             await asyncio.gather(self._trimming, return_exceptions=True)
         self.files.close()
+        self.locations.close()

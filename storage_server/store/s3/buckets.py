@@ -19,7 +19,8 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from protocol.errors import ErrorCode, S3Error
 
@@ -48,10 +49,11 @@ class BucketRecord:
     region: str
     created: float
     id: str  # this incarnation: a bucket deleted and created again is another bucket to the chunk cache
-    acl: str = "private"  # the canned ACL it was created with
+    acl: str = "private"  # its canned ACL
+    tags: dict[str, str] = field(default_factory=dict)
 
     def info(self, name: str) -> BucketInfo:
-        return BucketInfo(name, self.owner, self.created, self.region, self.acl)
+        return BucketInfo(name, self.owner, self.created, self.region, self.acl, dict(self.tags))
 
 
 class BucketMarkers:
@@ -61,6 +63,11 @@ class BucketMarkers:
 
     async def _read(self, name: str) -> BucketRecord | None:
         """The marker (None if the bucket has none); NoSuchBucket if the upstream has no such bucket."""
+        found = await self._read_versioned(name)
+        return found[0] if found else None
+
+    async def _read_versioned(self, name: str) -> tuple[BucketRecord, str] | None:
+        """The marker and its ETag."""
         try:
             resp = await self.up.call("get_object", Bucket=name, Key=MARKER, missing=ErrorCode.NoSuchKey, resource=f"/{name}")
             data = await resp["Body"].read()
@@ -69,7 +76,27 @@ class BucketMarkers:
                 return None
             raise
         raw = json.loads(data)
-        return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]), str(raw.get("acl", "private")))
+        return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]), str(raw.get("acl", "private")),
+                            {str(k): str(v) for k, v in (raw.get("tags") or {}).items()}), resp["ETag"]
+
+    async def update(self, name: str, **changes: Any) -> None:
+        """Change the bucket's record (its tags or ACL): a conditional rewrite of exactly the marker read (``If-Match``), so
+        two nodes changing one bucket at once never undo each other; other nodes see it within :data:`TTL_S`."""
+        for _ in range(5):
+            found = await self._read_versioned(name)
+            if found is None:
+                raise S3Error(ErrorCode.NoSuchBucket, resource=f"/{name}", extra={"BucketName": name})
+            rec = replace(found[0], **changes)
+            try:
+                await self.up.call("put_object", Bucket=name, Key=MARKER, Body=json.dumps(asdict(rec)).encode(), IfMatch=found[1],
+                                   ContentType="application/json", missing=ErrorCode.NoSuchBucket, resource=f"/{name}")
+            except S3Error as e:
+                if e.code == ErrorCode.PreconditionFailed:
+                    continue  # changed meanwhile by another node: apply this change to what it wrote
+                raise
+            self._cache[name] = (rec, time.monotonic() + TTL_S)
+            return
+        raise S3Error(ErrorCode.ServiceUnavailable, f"Bucket {name!r} kept changing while its record was updated; retry.", resource=f"/{name}")
 
     async def get(self, name: str) -> BucketRecord:
         hit = self._cache.get(name)

@@ -7,17 +7,20 @@
   objects (``cache.fetch_concurrency`` GETs at a time, one GET per missing chunk, never
   one per layer slice), written to the cache and pinned; the executor then range-reads
   the local files exactly as with the local-disk store.
-* **kv-lookup** counts the leading cached chunks, then asks the upstream about the rest
-  with HEADs: the first unknown key (a miss costs one request), then a binary search
-  over the monotone prefix chain (chunks are put head first): ``1 + ceil(log2(n))``
-  HEADs for ``n`` uncached keys, 13 for a 3,584-key (64K-token) prefix. A hole inside a
-  chain (a chunk deleted behind the cache's back) can make the answer too long; the
-  kv-get then names the missing key.
+* **kv-lookup** counts the leading cached chunks and confirms the last of them with one
+  HEAD (a prefix deleted through another node is then searched for within the cached run,
+  and the cached copies past the answer are dropped), then asks the upstream about the
+  rest: the first unknown key, then a binary search over the monotone prefix chain
+  (chunks are put head first): ``1 + ceil(log2(n))`` HEADs for ``n`` uncached keys, 13 for
+  a 3,584-key (64K-token) prefix, one more when some are cached. A hole inside a chain (a
+  single chunk deleted in the middle) can make the answer too long; the kv-get then names
+  the missing key, or serves the cached copy (byte-correct: chunks are immutable).
 
 Chunks are cached under (bucket incarnation, key), so a bucket deleted and created again
 by someone else never sees the old bucket's cached bytes. Changes made through this
-process's store drop the cached copy; a delete or overwrite through *another* node is seen
-when the copy is evicted (KV chunks are immutable and content-addressed, so this is rare).
+process's store drop the cached copy; a delete through *another* node is seen by the next
+kv-lookup of the prefix (above). A kv-get serves what the cache holds without asking the
+upstream (a warm kv-get costs no upstream request).
 """
 
 from __future__ import annotations
@@ -80,9 +83,18 @@ class S3ChunkSource(ChunkSource):
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
         cids = await self._ids(bucket, keys)
         cached = next((i for i, c in enumerate(cids) if self.files.size(c) is None), len(cids))
+        if cached and not await self.up.exists(bucket, keys[cached - 1]):
+            # Deleted through another node: the upstream decides within the cached run, and the copies past the answer go.
+            found = await self._search(bucket, keys, 0, cached - 1)
+            for cid in cids[found:cached]:
+                self.files.drop(cid)
+            return found
         if cached == len(keys) or not await self.up.exists(bucket, keys[cached]):
             return cached
-        lo, hi = cached + 1, len(keys)  # keys[:lo] are known to be stored
+        return await self._search(bucket, keys, cached + 1, len(keys))
+
+    async def _search(self, bucket: str, keys: list[str], lo: int, hi: int) -> int:
+        """The longest stored prefix when ``keys[:lo]`` are known stored and the answer is at most ``hi`` (a binary search of HEADs)."""
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if await self.up.exists(bucket, keys[mid - 1]):

@@ -1,14 +1,23 @@
 """Objects at the upstream: what ObjectCache stores beside the bytes, bodies cut into parts, and streamed reads.
 
 The upstream sees one credential (ObjectCache's), so the tenant that wrote an object,
-whether it is an immutable KV chunk, its S3 checksums and its system headers travel
-as reserved user-metadata entries (``x-amz-meta-oc-*``) and are stripped again on read.
+whether it is an immutable KV chunk, its S3 checksums, its system headers and its canned
+ACL travel as reserved user-metadata entries (``x-amz-meta-oc-*``) and are stripped again
+on read. An ACL is ObjectCache's to enforce (tenants never reach the upstream, so the
+upstream's own ACLs would mean nothing); it is read with every HEAD and GET, so a change
+through any node holds on every node at once. Tags are the upstream's own object tags
+(read only when the upstream counts some). The part sizes of a multipart object are
+written at completion as ``.objectcache/parts/<sha256 of key>.json`` with the object's
+ETag, so every node can serve GET/HEAD by part number; a record whose ETag is not the
+object's is stale and ignored.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,8 +29,9 @@ from ..object_store import BodyStream, ByteRange, ObjectMeta, ObjectReader, PutS
 from ..rules import MAX_PUT_SIZE
 from .upstream import Upstream, body_chunks
 
-_OWNER, _IMMUTABLE, _CHECKSUMS, _SYSTEM = "oc-owner", "oc-immutable", "oc-checksums", "oc-system"
-_RESERVED_META = (_OWNER, _IMMUTABLE, _CHECKSUMS, _SYSTEM)
+_OWNER, _IMMUTABLE, _CHECKSUMS, _SYSTEM, _ACL, _MULTIPART = "oc-owner", "oc-immutable", "oc-checksums", "oc-system", "oc-acl", "oc-multipart"
+_RESERVED_META = (_OWNER, _IMMUTABLE, _CHECKSUMS, _SYSTEM, _ACL, _MULTIPART)
+PARTS = ".objectcache/parts/"
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,9 @@ class Stored:
 
     meta: ObjectMeta
     immutable: bool
+    tag_count: int = 0
+    multipart: bool = False  # completed from a client's multipart upload: its part sizes are recorded
+    raw_metadata: dict[str, str] | None = None  # as the upstream holds it (kept by an ACL change)
 
 
 def _ascii(value: str) -> str:
@@ -46,16 +59,25 @@ def _text(value: str) -> str:
     return value
 
 
-def put_args(spec: PutSpec, owner: str, checksums: dict[str, str], immutable: bool) -> dict[str, Any]:
-    """ContentType and Metadata for an upstream PUT, copy or multipart upload."""
+def put_args(spec: PutSpec, owner: str, checksums: dict[str, str], immutable: bool, multipart: bool = False) -> dict[str, Any]:
+    """ContentType, Metadata and Tagging for an upstream PUT, copy or multipart upload."""
     metadata = {k: _ascii(v) for k, v in spec.user_metadata.items() if k.lower() not in _RESERVED_META} | {_OWNER: _ascii(owner)}
     if immutable:
         metadata[_IMMUTABLE] = "1"
+    if multipart:
+        metadata[_MULTIPART] = "1"
+    if spec.acl != "private":
+        metadata[_ACL] = spec.acl
     if checksums:
         metadata[_CHECKSUMS] = json.dumps(checksums, separators=(",", ":"))
     if spec.system_headers:
         metadata[_SYSTEM] = json.dumps(spec.system_headers, separators=(",", ":"))
-    return {"ContentType": spec.content_type, "Metadata": metadata}
+    return {"ContentType": spec.content_type, "Metadata": metadata, **({"Tagging": urllib.parse.urlencode(spec.tags)} if spec.tags else {})}
+
+
+def with_acl(raw_metadata: dict[str, str], acl: str) -> dict[str, str]:
+    """An object's upstream metadata with another canned ACL."""
+    return {k: v for k, v in raw_metadata.items() if k != _ACL} | ({_ACL: acl} if acl != "private" else {})
 
 
 def stored(bucket: str, key: str, resp: dict[str, Any]) -> Stored:
@@ -66,11 +88,39 @@ def stored(bucket: str, key: str, resp: dict[str, Any]) -> Stored:
         last_modified=resp["LastModified"].timestamp(), content_type=resp.get("ContentType") or "binary/octet-stream",
         user_metadata={k: _text(v) for k, v in raw.items() if k not in _RESERVED_META},
         system_headers=json.loads(raw.get(_SYSTEM, "{}")), checksums=json.loads(raw.get(_CHECKSUMS, "{}")),
-        storage_class=resp.get("StorageClass") or "STANDARD", owner=_text(raw.get(_OWNER, "")),
+        storage_class=resp.get("StorageClass") or "STANDARD", owner=_text(raw.get(_OWNER, "")), acl=raw.get(_ACL, "private"),
     )
     if "ContentRange" in resp:  # a ranged GET: the object's size is after the slash
         meta = replace(meta, size=int(resp["ContentRange"].rsplit("/", 1)[1]))
-    return Stored(meta, raw.get(_IMMUTABLE) == "1")
+    return Stored(meta, raw.get(_IMMUTABLE) == "1", int(resp.get("TagCount") or 0), raw.get(_MULTIPART) == "1", raw)
+
+
+def parts_key(key: str) -> str:
+    return PARTS + hashlib.sha256(key.encode()).hexdigest() + ".json"
+
+
+async def record_part_sizes(up: Upstream, bucket: str, key: str, etag: str, sizes: tuple[int, ...]) -> None:
+    await up.call("put_object", Bucket=bucket, Key=parts_key(key), Body=json.dumps({"key": key, "etag": etag, "sizes": sizes}).encode(),
+                  ContentType="application/json", missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}")
+
+
+async def with_attributes(up: Upstream, st: Stored) -> ObjectMeta:
+    """The object's metadata with its tags and part sizes, each read from the upstream only where the object has some."""
+    meta, resource = st.meta, f"/{st.meta.bucket}/{st.meta.key}"
+    if st.tag_count:
+        resp = await up.call("get_object_tagging", Bucket=meta.bucket, Key=meta.key, resource=resource)
+        meta = replace(meta, tags={t["Key"]: t["Value"] for t in resp.get("TagSet", [])})
+    if st.multipart:
+        try:
+            resp = await up.call("get_object", Bucket=meta.bucket, Key=parts_key(meta.key), resource=resource)
+            record = json.loads(await resp["Body"].read())
+        except S3Error as e:
+            if e.code != ErrorCode.NoSuchKey:
+                raise
+            record = {}  # completed by a node that stopped before recording the sizes: served as one part
+        if record.get("key") == meta.key and record.get("etag") == meta.etag:
+            meta = replace(meta, part_sizes=tuple(int(n) for n in record["sizes"]))
+    return meta
 
 
 class PartCutter:
@@ -171,9 +221,9 @@ async def open_upstream(up: Upstream, bucket: str, key: str, prefetch: int) -> U
     resource = f"/{bucket}/{key}"
     resp = await up.call("get_object", Bucket=bucket, Key=key, resource=resource)
     body = resp["Body"]
-    meta = stored(bucket, key, resp).meta
     head = bytearray()
     try:
+        meta = await with_attributes(up, stored(bucket, key, resp))
         if prefetch:
             async for piece in body_chunks(body, min(prefetch, 1 << 20), resource):
                 head += piece

@@ -24,8 +24,8 @@ from ..object_store import BodyStream, BucketInfo, ListPage, ObjectMeta, ObjectR
 from ..rules import check_immutable_reput, verify_received
 from .buckets import RESERVED, BucketMarkers, check_key, is_reserved
 from .listing import list_page
-from .objects import PartCutter, Stored, open_upstream, put_args, stored
-from .uploads import UploadOps
+from .objects import PartCutter, Stored, open_upstream, put_args, record_part_sizes, stored, with_acl, with_attributes
+from .uploads import PartAttempts, UploadOps
 from .upstream import Upstream
 
 Listener = Callable[[str, list[str]], None]
@@ -36,6 +36,7 @@ class S3Store(UploadOps, ObjectStore):
         self.cfg = cfg
         self.up = Upstream(cfg)
         self.buckets = BucketMarkers(self.up)
+        self.attempts = PartAttempts()
         # Told (bucket, keys) after keys change through this process, so a chunk cache drops stale copies.
         self.listeners: list[Listener] = []
 
@@ -162,7 +163,7 @@ class S3Store(UploadOps, ObjectStore):
         if is_reserved(key):
             raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
         resp = await self.up.call("head_object", Bucket=bucket, Key=key, resource=f"/{bucket}/{key}")
-        return stored(bucket, key, resp).meta
+        return await with_attributes(self.up, stored(bucket, key, resp))
 
     async def open_object(self, bucket: str, key: str, prefetch: int = 0) -> ObjectReader:
         if is_reserved(key):
@@ -186,21 +187,70 @@ class S3Store(UploadOps, ObjectStore):
                 raise S3Error(ErrorCode.ServiceUnavailable, f"The upstream store could not delete {err.get('Key')!r} ({err.get('Code')}); retry.")
 
     async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
-        """A server-side copy of exactly ``src``'s version (``CopySourceIfMatch``), under new metadata."""
+        """A server-side copy of exactly ``src``'s version (``CopySourceIfMatch``), under new metadata.
+
+        An immutable KV chunk at the destination stays one: only its own bytes may be copied onto it.
+        """
         check_key(bucket, key)
+        existing = await self._existing(bucket, key)
+        immutable = existing is not None and existing.immutable
+        if immutable and (src.bucket, src.key) != (bucket, key):
+            check_immutable_reput(existing.meta, replace(src, bucket=bucket, key=key))  # type: ignore[union-attr]
         try:
             resp = await self.up.call("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": src.bucket, "Key": src.key},
-                                      CopySourceIfMatch=src.etag, MetadataDirective="REPLACE", missing=ErrorCode.NoSuchBucket,
-                                      resource=f"/{bucket}/{key}", **put_args(spec, owner, src.checksums, False))
+                                      CopySourceIfMatch=src.etag, MetadataDirective="REPLACE", TaggingDirective="REPLACE",
+                                      missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
+                                      **put_args(spec, owner, src.checksums, immutable, bool(src.part_sizes)))
         except S3Error as e:
             if e.code == ErrorCode.PreconditionFailed:
                 raise S3Error(ErrorCode.ServiceUnavailable, f"Object {src.key!r} was replaced while it was being copied; retry.") from None
             raise
         self._changed(bucket, [key])
-        result = resp.get("CopyObjectResult", {})
-        return ObjectMeta(bucket=bucket, key=key, size=src.size, etag=result.get("ETag", src.etag), last_modified=time.time(),
+        etag = resp.get("CopyObjectResult", {}).get("ETag", src.etag)
+        if src.part_sizes:  # a copy keeps the parts (the upstream's copy may be one part: the record says what they were)
+            await record_part_sizes(self.up, bucket, key, etag, src.part_sizes)
+        return ObjectMeta(bucket=bucket, key=key, size=src.size, etag=etag, last_modified=time.time(),
                           content_type=spec.content_type, user_metadata=spec.user_metadata, system_headers=spec.system_headers,
-                          checksums=src.checksums, owner=owner)
+                          checksums=src.checksums, part_sizes=src.part_sizes, owner=owner, tags=spec.tags, acl=spec.acl)
+
+    # -- tagging and canned ACLs -------------------------------------------------
+    async def set_object_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        """The upstream's own object tags (PutObjectTagging / DeleteObjectTagging): every node reads them from there."""
+        if is_reserved(key):
+            raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
+        resource = f"/{bucket}/{key}"
+        if tags:
+            await self.up.call("put_object_tagging", Bucket=bucket, Key=key, resource=resource,
+                               Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
+        else:
+            await self.up.call("delete_object_tagging", Bucket=bucket, Key=key, resource=resource)
+
+    async def set_object_acl(self, bucket: str, key: str, acl: str) -> None:
+        """The ACL is the object's ``oc-acl`` metadata: a server-side copy onto itself of exactly the current version
+        (``CopySourceIfMatch``), everything else kept (bytes, tags, immutability, recorded part sizes)."""
+        current = await self._existing(bucket, key)
+        if current is None or is_reserved(key):
+            raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
+        if current.meta.acl == acl:
+            return
+        meta = await with_attributes(self.up, current)
+        try:
+            resp = await self.up.call("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key}, CopySourceIfMatch=meta.etag,
+                                      MetadataDirective="REPLACE", ContentType=meta.content_type, Metadata=with_acl(current.raw_metadata or {}, acl),
+                                      resource=f"/{bucket}/{key}")
+        except S3Error as e:
+            if e.code == ErrorCode.PreconditionFailed:
+                raise S3Error(ErrorCode.ServiceUnavailable, f"Object {key!r} was replaced while its ACL was set; retry.") from None
+            raise
+        etag = resp.get("CopyObjectResult", {}).get("ETag", meta.etag)
+        if meta.part_sizes and etag != meta.etag:
+            await record_part_sizes(self.up, bucket, key, etag, meta.part_sizes)
+
+    async def set_bucket_tags(self, bucket: str, tags: dict[str, str]) -> None:
+        await self.buckets.update(bucket, tags=dict(tags))
+
+    async def set_bucket_acl(self, bucket: str, acl: str) -> None:
+        await self.buckets.update(bucket, acl=acl)
 
     async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> ListPage:
         page = await list_page(self.up, bucket, prefix, delimiter, after, limit)

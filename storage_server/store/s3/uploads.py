@@ -5,13 +5,24 @@ algorithms, metadata) are needed again by whichever node serves a later part or 
 completion, so they live beside the upload as ``.objectcache/uploads/<upload id>.json``
 (a reserved key, hidden from listings) and go away when it completes or is aborted.
 Completion applies the store-independent :func:`~storage_server.store.rules.select_parts`
-to the upstream's part list, so errors are the same as with the local store.
+to the upstream's part list, so errors are the same as with the local store, and never
+turns an immutable KV chunk into other bytes (the key is looked at just before the
+upstream completes; a chunk put in that instant is the one window left).
+
+Of two attempts at one part the one *started* last is the part, as with the local store,
+although the upstream keeps the one that *finished* last: each attempt writes a claim
+``.objectcache/uploads/<id>.parts/<n>`` (its start time) when it starts, and sends its
+bytes upstream only if no later attempt has claimed the part by then; within a process
+a lock per part also keeps an earlier attempt from sending after a later one. Across
+nodes two attempts whose upstream transfers overlap can still finish in either order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +30,10 @@ from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
 from ..object_store import BodyStream, ByteRange, ObjectMeta, PartInfo, PutSpec, UploadInfo
-from ..rules import completed_meta, select_parts, verify_received
+from ..rules import check_immutable_reput, completed_meta, select_parts, verify_received
 from .buckets import RESERVED, check_key
-from .objects import PartCutter, put_args
+from .listing import list_page
+from .objects import PartCutter, put_args, record_part_sizes
 
 if TYPE_CHECKING:
     from .store import S3Store
@@ -40,9 +52,42 @@ def _record_key(upload_id: str) -> str:
     return _RECORDS + upload_id.replace("/", "_") + ".json"
 
 
+def _claims(upload_id: str) -> str:
+    """The prefix of an upload's part claims."""
+    return _RECORDS + upload_id.replace("/", "_") + ".parts/"
+
+
+class PartAttempts:
+    """This process's attempts at each (upload, part): which started last, and one lock per part while any is running."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._latest: dict[tuple[str, int], int] = {}
+        self._running: dict[tuple[str, int], int] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+
+    def start(self, part: tuple[str, int]) -> int:
+        self._count += 1
+        self._latest[part] = self._count
+        self._running[part] = self._running.get(part, 0) + 1
+        return self._count
+
+    def is_latest(self, part: tuple[str, int], attempt: int) -> bool:
+        return self._latest.get(part) == attempt
+
+    def lock(self, part: tuple[str, int]) -> asyncio.Lock:
+        return self._locks.setdefault(part, asyncio.Lock())
+
+    def end(self, part: tuple[str, int]) -> None:
+        self._running[part] -= 1
+        if not self._running[part]:
+            for d in (self._running, self._latest, self._locks):
+                d.pop(part, None)
+
+
 def _spec_json(spec: PutSpec) -> dict[str, Any]:
     return {"content_type": spec.content_type, "user_metadata": spec.user_metadata, "system_headers": spec.system_headers,
-            "checksum_algorithms": list(spec.checksum_algorithms), "immutable": spec.immutable}
+            "checksum_algorithms": list(spec.checksum_algorithms), "immutable": spec.immutable, "tags": spec.tags, "acl": spec.acl}
 
 
 def _no_upload(upload_id: str) -> S3Error:
@@ -56,7 +101,7 @@ class UploadOps:
         check_key(bucket, key)
         alg = _algorithm(spec)
         resp = await self.up.call("create_multipart_upload", Bucket=bucket, Key=key, missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
-                                  **put_args(spec, owner, {}, spec.immutable), **({"ChecksumAlgorithm": alg} if alg else {}))
+                                  **put_args(spec, owner, {}, spec.immutable, multipart=True), **({"ChecksumAlgorithm": alg} if alg else {}))
         info = UploadInfo(resp["UploadId"], bucket, key, time.time(), owner, spec)
         record = {"key": key, "owner": owner, "initiated": info.initiated, "spec": _spec_json(spec)}
         await self.up.call("put_object", Bucket=bucket, Key=_record_key(info.upload_id), Body=json.dumps(record).encode(),
@@ -75,11 +120,23 @@ class UploadOps:
             raise _no_upload(upload_id)
         s = raw["spec"]
         spec = PutSpec(content_type=s["content_type"], user_metadata=s["user_metadata"], system_headers=s["system_headers"],
-                       checksum_algorithms=tuple(s["checksum_algorithms"]), immutable=s["immutable"])
+                       checksum_algorithms=tuple(s["checksum_algorithms"]), immutable=s["immutable"], tags=s.get("tags", {}),
+                       acl=s.get("acl", "private"))
         return UploadInfo(upload_id, bucket, key, float(raw["initiated"]), raw["owner"], spec)
 
     async def upload_part(self: "S3Store", upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec) -> PartInfo:
         """One part, passed on as it arrives: a part longer than ``part_bytes`` is refused rather than buffered whole."""
+        part = (upload.upload_id, part_number)
+        attempt = self.attempts.start(part)
+        try:
+            return await self._upload_part(upload, part_number, body, spec, attempt)
+        finally:
+            self.attempts.end(part)
+
+    async def _upload_part(self: "S3Store", upload: UploadInfo, part_number: int, body: BodyStream, spec: PutSpec, attempt: int) -> PartInfo:
+        part, resource = (upload.upload_id, part_number), f"/{upload.bucket}/{upload.key}"
+        claim, started = f"{_claims(upload.upload_id)}{part_number}", f"{time.time_ns():020d}-{uuid.uuid4().hex}"
+        await self.up.call("put_object", Bucket=upload.bucket, Key=claim, Body=started.encode(), resource=resource)
         d = Digester(set(spec.checksum_algorithms) | set(upload.spec.checksum_algorithms) | set(spec.expected_checksums))
         cutter = PartCutter(body, self.cfg.part_bytes, d)
         data = await cutter.next() or b""
@@ -88,9 +145,23 @@ class UploadOps:
         verify_received(spec, d)
         alg = _algorithm(upload.spec)
         native = {f"Checksum{alg}": d.checksum_values()[alg]} if alg else {}  # kept by the upstream for the composite
-        resp = await self.up.call("upload_part", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, PartNumber=part_number,
-                                  Body=data, missing=ErrorCode.NoSuchUpload, resource=f"/{upload.bucket}/{upload.key}", **native)
+        async with self.attempts.lock(part):
+            if not self.attempts.is_latest(part, attempt) or await self._claimed_after(upload, claim, started):
+                # A later attempt at this part has started: it is the part, and this one's bytes are not sent.
+                return PartInfo(part_number, d.size, f'"{d.md5.hexdigest()}"', time.time(), d.checksum_values())
+            resp = await self.up.call("upload_part", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, PartNumber=part_number,
+                                      Body=data, missing=ErrorCode.NoSuchUpload, resource=resource, **native)
         return PartInfo(part_number, d.size, resp["ETag"], time.time(), d.checksum_values())
+
+    async def _claimed_after(self: "S3Store", upload: UploadInfo, claim: str, started: str) -> bool:
+        """Whether an attempt that started after ``started`` (on any node) has claimed the part."""
+        try:
+            resp = await self.up.call("get_object", Bucket=upload.bucket, Key=claim)
+            return (await resp["Body"].read()).decode() > started
+        except S3Error as e:
+            if e.code == ErrorCode.NoSuchKey:  # the upload completed or was aborted meanwhile: the upstream says so next
+                return False
+            raise
 
     async def upload_part_copy(self: "S3Store", upload: UploadInfo, part_number: int, src: ObjectMeta, rng: ByteRange | None) -> PartInfo:
         extra = {"CopySourceRange": f"bytes={rng.start}-{rng.end - 1}"} if rng else {}
@@ -120,20 +191,28 @@ class UploadOps:
         stored = {p.part_number: (p, None) for p in await self._upstream_parts(upload)}
         chosen = [p for p, _ in select_parts(upload, parts, stored)]
         meta = completed_meta(upload, chosen, time.time())
+        existing = await self._existing(upload.bucket, upload.key)
+        if existing is not None and existing.immutable:
+            check_immutable_reput(existing.meta, meta)  # an upload never replaces a KV chunk's bytes
+            await self.abort_upload(upload)  # the same bytes: the chunk stays as it is
+            return existing.meta
         resp = await self.up.call("complete_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id,
                                   MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
                                                               **{f"Checksum{a}": v for a, v in p.checksums.items()}} for p in chosen]},
                                   missing=ErrorCode.NoSuchUpload)
+        etag = resp.get("ETag", meta.etag)
+        await record_part_sizes(self.up, upload.bucket, upload.key, etag, meta.part_sizes)
         await self._forget_upload(upload)
         self._changed(upload.bucket, [upload.key])
-        return replace(meta, etag=resp.get("ETag", meta.etag))
+        return replace(meta, etag=etag)
 
     async def abort_upload(self: "S3Store", upload: UploadInfo) -> None:
         await self.up.call("abort_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, missing=ErrorCode.NoSuchUpload)
         await self._forget_upload(upload)
 
     async def _forget_upload(self: "S3Store", upload: UploadInfo) -> None:
-        await self.up.call("delete_object", Bucket=upload.bucket, Key=_record_key(upload.upload_id))
+        claims = await list_page(self.up, upload.bucket, _claims(upload.upload_id), "", "", 10000, hide_reserved=False)
+        await self._delete_keys(upload.bucket, [_record_key(upload.upload_id), *(o.key for o in claims.objects)])
 
     async def _all_uploads(self: "S3Store", bucket: str, prefix: str) -> list[UploadInfo]:
         """Every upload in progress under ``prefix``, in (key, upload id) order (a page at a time from the upstream)."""
