@@ -6,8 +6,11 @@ Llama 3.1 8B layout (S = 4096·G bytes per chunk per layer, divided by
 * **opt-local** — memcpy of pre-assembled layer-major bytes into the destination (the physical limit here);
 * **S3-CW** — one aiobotocore GET per chunk object through the gateway (concurrency 16), then scatter into layer-major;
 * **S3-range** — one ranged GET per chunk per layer (timed on a sample of layers and scaled to all L, said so in the report);
+* **loopback-TCP** — the payload's bytes sent over one loopback TCP connection into the destination
+  (a sender thread, ``recv_into`` here): what one socket moves on this host, the ceiling of ``http``;
 * **ObjectCache-http / -shm / -rdma** — one descriptor, layer-major payload delivered by the storage server
-  (rdma: NIXL one-sided writes, where nixl is installed; the report names the UCX transport the storage
+  (http: from its data endpoint; **ObjectCache-http-relay**: the same frames relayed by the gateway;
+  rdma: NIXL one-sided writes, where nixl is installed; the report names the UCX transport the storage
   server's remote writes used, from UCX's own protocol-selection report, ``UCX_PROTO_INFO``).
 
 Every path runs once to warm the page cache, then the median of ``--repeats``
@@ -26,8 +29,10 @@ import asyncio
 import mmap
 import os
 import shutil
+import socket
 import statistics
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +49,9 @@ CONTEXTS = [(4096, 0.5), (4096, 0.875), (16384, 0.5), (16384, 0.875), (65536, 0.
 G_VALUES = [16, 64, 256]
 RANGE_SAMPLE_LAYERS = 2
 CODEC_REPEATS = 20
+LOOPBACK_PIECE = 1 << 20
+# The data endpoint serves http kv-gets; a second client with direct=False measures the gateway's relay.
+SERVER_TOML = '[storage_server]\ndata_listen = "127.0.0.1:0"\n'
 
 
 async def s3_cw(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.ndarray) -> int:
@@ -74,6 +82,30 @@ async def s3_range(s3, bucket: str, keys: list[str], layout: KVLayout, dest: np.
 
     await asyncio.gather(*(one(layer, j, k) for layer in range(layers) for j, k in enumerate(keys)))
     return layers * n
+
+
+def loopback_tcp(dest: np.ndarray) -> None:
+    """Fill ``dest`` from one loopback TCP connection (a sender thread writes 1 MiB pieces; this thread ``recv_into``)."""
+    n = dest.nbytes
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        def send() -> None:
+            piece = memoryview(bytearray(LOOPBACK_PIECE))
+            with socket.create_connection(srv.getsockname()) as c:
+                left = n
+                while left:
+                    left -= c.send(piece[: min(left, LOOPBACK_PIECE)])
+
+        t = threading.Thread(target=send)
+        t.start()
+        conn, _ = srv.accept()
+        with conn:
+            view, got = memoryview(dest).cast("B"), 0
+            while got < n:
+                k = conn.recv_into(view[got:])
+                if not k:
+                    raise RuntimeError("loopback sender stopped early")
+                got += k
+        t.join()
 
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -144,7 +176,7 @@ def disk_direct_limit(directory: Path, nbytes: int) -> dict:
     return {"gb_per_s_by_queue_depth": by_depth, "best_gb_per_s": max(by_depth.values()), "bytes": blocks * DIRECT_BLOCK}
 
 
-async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int, cold: bool = False, repeats: int = 3,
+async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int, cold: bool = False, repeats: int = 3,
                    server: list[BenchServer] | None = None) -> dict:
     layout = llama_layout(g, scale)
     n = int(context * hit) // g
@@ -159,11 +191,12 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
     async def opt_local():
         np.copyto(dest, src)
 
-    async def via(transport):
+    async def via(transport, client=c):
         async def go():
-            async with c.fetch_layers(keys, layout, transport, mode="layerwise") as layers:
+            async with client.fetch_layers(keys, layout, transport, mode="layerwise") as layers:
                 async for _ in layers:
-                    pass
+                    if transport == "http" and layers.stats.direct != client.direct:
+                        raise RuntimeError("the http fetch did not take the path it was meant to measure")
         return go
 
     async def cold_shm() -> list[float]:
@@ -173,7 +206,7 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
         up, then drops the page cache."""
         times = []
         for _ in range(repeats):
-            srv = server[0] = server[0].restart(same_port=True)  # type: ignore[index]
+            srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)  # type: ignore[index]
             async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
                 async def fetch(subset: list[str]) -> None:
                     async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
@@ -186,6 +219,9 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
                 times.append(time.perf_counter() - t)
         return times
 
+    async def loopback():
+        await asyncio.to_thread(loopback_tcp, dest)
+
     sample = min(RANGE_SAMPLE_LAYERS, layout.num_layers)
     # The local and shm paths, the ones the targets compare, run side by side first.
     runs = {
@@ -193,17 +229,21 @@ async def run_case(c: ObjectCacheClient, s3, g: int, context: int, hit: float, s
         "ObjectCache-shm": await cold_shm() if cold and server else await timed(await via("shm"), repeats),
         "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest), repeats, cold),
         "S3-range": [t * layout.num_layers / sample for t in await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample), 1, cold)],
+        "loopback-TCP": await timed(loopback, repeats),
         "ObjectCache-http": await timed(await via("http"), repeats, cold),
+        "ObjectCache-http-relay": await timed(await via("http", relay), repeats, cold),
     }
     if rdma_available()[0]:
         runs["ObjectCache-rdma"] = await timed(await via("rdma"), repeats, cold)
-    requests = {"opt-local": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1, "ObjectCache-shm": 1, "ObjectCache-rdma": 1}
+    requests = {"opt-local": 0, "loopback-TCP": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1,
+                "ObjectCache-http-relay": 1, "ObjectCache-shm": 1, "ObjectCache-rdma": 1}
     times = {p: statistics.median(r) for p, r in runs.items()}
     descriptor = time_codec(shm_descriptor(keys, layout.num_layers, g, layout.per_layer_chunk_bytes), CODEC_REPEATS)
     row = {
         "chunk_tokens": g, "context": context, "hit": hit, "chunks": n, "payload_bytes": w, "descriptor": descriptor,
         "paths": {p: {"seconds": t, "gb_per_s": w / t / 1e9, "runs_gb_per_s": [w / x / 1e9 for x in runs[p]], "requests": requests[p],
-                      "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t} for p, t in times.items()},
+                      "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t, "vs_loopback_tcp": times["loopback-TCP"] / t}
+                  for p, t in times.items()},
     }
     if cold and server:
         row["disk_direct"] = disk_direct_limit(server[0].root, w)
@@ -240,7 +280,7 @@ def rdma_note(ucx_log_dir: Path | None = None) -> str:
 async def run_all(args: argparse.Namespace) -> list[dict]:
     # The storage server reports the UCX protocols it selects (UCX_PROTO_INFO) into args.ucx_logs, for rdma_note.
     args.ucx_logs = Path(tempfile.mkdtemp(prefix="objectcache-bench-ucx-"))
-    server = [start_server(env={"UCX_PROTO_INFO": "y", "UCX_LOG_FILE": str(args.ucx_logs / "ucx.%p.log")})]  # --cold restarts it (same endpoint)
+    server = [start_server(SERVER_TOML, env={"UCX_PROTO_INFO": "y", "UCX_LOG_FILE": str(args.ucx_logs / "ucx.%p.log")})]  # --cold restarts it (same endpoint)
     srv = server[0]
     rows = []
     cases = [(64, 4096, 0.5)] if args.quick else [(g, ctx, hit) for g in G_VALUES for ctx, hit in CONTEXTS]
@@ -248,11 +288,12 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
         g, ctx, hit = args.only.split(":")
         cases = [(int(g), int(ctx), float(hit))]
     try:
-        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-transfer") as c:
+        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-transfer") as c, \
+                ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-transfer", direct=False) as relay:
             await c.ensure_bucket()
             async with s3_client(srv.endpoint, srv.access_key, srv.secret_key) as s3:
                 for g, ctx, hit in progress(cases, desc="transfer"):
-                    rows.append(await run_case(c, s3, g, ctx, hit, args.scale, args.cold, args.repeats, server))
+                    rows.append(await run_case(c, relay, s3, g, ctx, hit, args.scale, args.cold, args.repeats, server))
     finally:
         server[0].stop()
     return rows
@@ -268,9 +309,9 @@ def run(args: argparse.Namespace) -> dict:
     shutil.rmtree(args.ucx_logs, ignore_errors=True)
     print(f"\nBytes per token ÷{scale}; {cache}; median of {args.repeats} timed runs (slowest–fastest). "
           f"S3-range is timed once on {RANGE_SAMPLE_LAYERS} layers and scaled to 32. {note}\n")
-    print_table(["G", "context", "hit", "path", "GB/s", "runs GB/s", "requests", "× opt-local", "× S3-CW"],
+    print_table(["G", "context", "hit", "path", "GB/s", "runs GB/s", "requests", "× opt-local", "× S3-CW", "× loopback-TCP"],
                 [[r["chunk_tokens"], r["context"], r["hit"], p, f"{v['gb_per_s']:.2f}", f"{min(v['runs_gb_per_s']):.2f}–{max(v['runs_gb_per_s']):.2f}",
-                  v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}"]
+                  v["requests"], f"{v['vs_opt_local']:.2f}", f"{v['vs_s3_cw']:.2f}", f"{v['vs_loopback_tcp']:.2f}"]
                  for r in rows for p, v in r["paths"].items()])
     for r in rows:
         if "disk_direct" in r:
@@ -297,7 +338,8 @@ def targets(rows: list[dict]) -> dict[str, bool]:
             met["G=16 64K@87.5%: shm ≥ 40% of opt-local"] = p["ObjectCache-shm"]["vs_opt_local"] >= 0.40
             met["G=16 64K@87.5%: shm ≥ 5× S3-CW"] = p["ObjectCache-shm"]["vs_s3_cw"] >= 5
             met["G=16 64K@87.5%: shm ≥ 50× S3-range"] = p["ObjectCache-shm"]["gb_per_s"] >= 50 * p["S3-range"]["gb_per_s"]
-            met["G=16 64K@87.5%: http ≥ 1.5× S3-CW"] = p["ObjectCache-http"]["vs_s3_cw"] >= 1.5
+            met["G=16 64K@87.5%: http ≥ 3× S3-CW"] = p["ObjectCache-http"]["vs_s3_cw"] >= 3
+            met["G=16 64K@87.5%: http ≥ 50% of loopback TCP"] = p["ObjectCache-http"]["vs_loopback_tcp"] >= 0.5
         if case == (256, 65536, 0.875):
             met["G=256 64K@87.5%: shm ≥ 60% of opt-local"] = p["ObjectCache-shm"]["vs_opt_local"] >= 0.60
     return met

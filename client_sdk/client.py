@@ -34,6 +34,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from protocol.checksums import b64
+from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import (
     HEADER_GATEWAY_S,
@@ -54,6 +55,7 @@ from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportK
 
 from .buffers import ShmRegion, hand_over
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
+from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
@@ -93,6 +95,7 @@ class FetchStats:
 
     request_id: str = ""
     transport: str = ""
+    direct: bool = False  # http: the frames came from the storage server's data endpoint, not the gateway's relay
     gateway_s: float = 0.0
     client_total_s: float = 0.0
     first_layer_s: float | None = None
@@ -112,9 +115,9 @@ class LayerStream:
     until the ``fetch_layers`` block exits. ``payload`` is the whole ``[L][N][S]``.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int, num_layers: int, transport: str, verify: bool,
-                 started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
-        self._frames = FrameStream(response.content)
+    def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
+                 num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self._frames = frames
         self._landed = landed
         self.payload = payload
         self.layer_bytes = layer_bytes
@@ -129,6 +132,9 @@ class LayerStream:
             gateway_s=float(response.headers.get(HEADER_GATEWAY_S, "0")),
             server=TransferStats(mode=response.headers.get(HEADER_MODE, ""), payload_bytes=int(response.headers.get(HEADER_PAYLOAD_BYTES, "0"))),
         )
+        if isinstance(frames, DirectFrameStream) and frames.accepted is not None:
+            self.stats.direct = True
+            self.stats.server = TransferStats(mode=frames.accepted.mode, payload_bytes=frames.accepted.payload_bytes)
 
     def __aiter__(self) -> "LayerStream":
         return self
@@ -204,6 +210,11 @@ class ObjectCacheClient:
     ``shm_prefault_bytes`` (0: off) runs :meth:`warm_up` for payloads of that
     size when the client opens, so the first shm fetch finds its region ready.
 
+    ``direct`` (http fetches): ask the gateway for a ticket to the storage
+    server's data endpoint and read the frames from there, when the server has
+    one (``storage_server.data_listen``); otherwise, or with ``direct=False``,
+    the gateway relays them.
+
     ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
     ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
     opens the device, the first one by default).
@@ -211,7 +222,8 @@ class ObjectCacheClient:
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
-                 shm_prefault_bytes: int = 0, rdma_engine: str = "nixl", open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
+                 shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
+                 open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -220,6 +232,7 @@ class ObjectCacheClient:
         self.retries = retries
         self.backoff = backoff
         self.shm_prefault_bytes = shm_prefault_bytes
+        self.direct = direct
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -427,7 +440,8 @@ class ObjectCacheClient:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
-        shared-memory region), ``"http"`` (anywhere: bytes in the response) or
+        shared-memory region), ``"http"`` (anywhere: bytes in the response, or
+        from the storage server's data endpoint when it has one, see ``direct``) or
         ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
         is the per-layer compute time of the request's miss tokens (seconds),
         which the server's bandwidth allocator uses. ``out`` (http and rdma) is
@@ -453,6 +467,7 @@ class ObjectCacheClient:
         check = destinations.verify_by_default if verify is None else verify
         started = time.perf_counter()
         resp = None
+        frames: FrameStream | DirectFrameStream | None = None
         dest: Destination | None = None
         try:
             for attempt in (1, 2):
@@ -462,8 +477,7 @@ class ObjectCacheClient:
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
-                    resp = await self._retrying(f"kv-get of {len(keys)} chunk(s)",
-                                                lambda: self._post(f"/{self.bucket}", KVOp.GET, body, stream=True))
+                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body))
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
@@ -472,19 +486,39 @@ class ObjectCacheClient:
                     destinations.forget(dest)
                     destinations.forget_idle()
                     dest = None
-            assert resp is not None and dest is not None
+            assert resp is not None and dest is not None and frames is not None
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
-            stream = LayerStream(resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
+            stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
                                  started, landed)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
                 resp.close()
         finally:
+            if isinstance(frames, DirectFrameStream):
+                frames.close()
             if resp is not None:
                 resp.release()
             if dest is not None:
                 destinations.release(dest)
+
+    async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[aiohttp.ClientResponse, FrameStream | DirectFrameStream]:
+        """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for."""
+        direct = self.direct and kind == TransportKind.HTTP
+        resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
+        if resp.content_type != GRANT_CONTENT_TYPE:
+            return resp, FrameStream(resp.content)
+        try:
+            grant = DirectGrant.from_json(json.loads(await resp.read()))
+        except (aiohttp.ClientError, ValueError) as e:
+            resp.release()
+            raise _unreachable(self.endpoint, "?kv-get", e) from None
+        resp.release()
+        try:
+            return resp, await DirectFrameStream.open(grant, body, self._timeout.sock_read or 120.0)
+        except S3Error as e:
+            e.resource = e.resource or f"/{self.bucket}"  # as the gateway's error response would name it
+            raise
 
     async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
         """Load everything and return a copy of the payload as ``(L, N·S)`` uint8 plus stats."""

@@ -233,6 +233,17 @@ class StorageServerConfig(Section):
     housekeeping_s: float = 10.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
     drain_timeout_s: float = 30.0
+    # The direct data path of http kv-gets ("host:port"; port 0 = any free one): the gateway
+    # authenticates the kv-get and hands the client a short-lived ticket for this endpoint,
+    # which then streams the frames itself, without the gateway's relay hop (half the
+    # socket copies). Empty: every byte is relayed by the gateway.
+    data_listen: str = ""
+    # The address clients are told to connect to ("host:port"), when it is not data_listen's
+    # own (a wildcard bind, another host's view, NAT); empty: data_listen with its bound port.
+    data_endpoint: str = ""
+    # How long a data ticket stays valid (it is also good for one kv-get only).
+    data_ticket_ttl_s: float = 30.0
+
     # The rdma transport's engine: "nixl" (NIXL over UCX: verbs where a device exists, CMA/TCP
     # otherwise; pip install nixl) or "pyverbs" (rdma-core's verbs directly: one RC queue pair per
     # registration, WRITE_WITH_IMM as the layer notification; needs an RDMA device and pyverbs).
@@ -242,6 +253,14 @@ class StorageServerConfig(Section):
 
     def validate(self) -> None:
         self.require(self.rdma_engine in RDMA_ENGINES, "rdma_engine", f"must be one of {', '.join(RDMA_ENGINES)}")
+        for name in ("data_listen", "data_endpoint"):
+            value = getattr(self, name)
+            host, _, port = value.rpartition(":")
+            self.require(not value or (bool(host) and port.isdigit() and int(port) < 65536), name, 'must be "host:port" (or empty)')
+        wildcard = self.data_listen.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::")
+        self.require(not wildcard or bool(self.data_endpoint), "data_endpoint",
+                     "must name the address clients connect to when data_listen binds a wildcard address")
+        self.require(self.data_ticket_ttl_s > 0, "data_ticket_ttl_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")

@@ -28,6 +28,7 @@ class Op(StrEnum):
     KV_REGISTER = "kv-register"
     KV_UNREGISTER = "kv-unregister"
     KV_REGISTER_RDMA = "kv-register-rdma"
+    KV_TICKET = "kv-ticket"  # a data ticket for one kv-get (protocol.data_ticket); empty endpoint = no data endpoint
     RDMA_GET_OBJECT = "rdma-get-object"  # a plain GET with x-amz-rdma-token: the object into registered memory
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from protocol.config import Config
 from protocol.rpc import Op
 
+from .data_endpoint import DataEndpoint
 from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
 from .metrics import StorageServerMetrics
 from .rdma_objects import RdmaObjects
@@ -41,6 +42,9 @@ class StorageServer:
         self.kv = KVService(config, chunks, pacers, open_verbs)
         self.metrics = StorageServerMetrics(self.kv)
         self._stop_metrics: Callable[[], None] | None = None
+        max_body = max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes)
+        self.data = DataEndpoint(config.storage_server, self.kv.get, MAX_DESCRIPTOR_BYTES)
+        self._data_server: asyncio.AbstractServer | None = None
         self.rpc = RpcServer({
             Op.PING: self._ping,
             Op.STATUS: self._status,
@@ -50,8 +54,9 @@ class StorageServer:
             Op.KV_REGISTER: self.kv.register,
             Op.KV_UNREGISTER: self.kv.unregister,
             Op.KV_REGISTER_RDMA: self.kv.register_rdma,
+            Op.KV_TICKET: self.data.ticket,
             Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
-        }, max_body=max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes))
+        }, max_body=max_body)
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
 
@@ -61,6 +66,7 @@ class StorageServer:
         m = self.config.metrics
         if m.storage_server_port:
             self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
+        self._data_server = await self.data.listen()
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp)
 
     async def housekeeping(self) -> None:
@@ -104,6 +110,8 @@ class StorageServer:
     async def drain(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for the kv-gets in flight to end (call once the RPC socket no longer accepts),
         then stop the rest; how many were still running at the deadline."""
+        if self._data_server is not None:
+            self._data_server.close()  # no new direct kv-gets either
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if self.kv.active:
@@ -121,6 +129,8 @@ class StorageServer:
             self._housekeeper.cancel()
         if self._stop_metrics is not None:
             self._stop_metrics()
+        if self._data_server is not None:
+            self._data_server.close()
         self.handover.close()
         await self.kv.close()
         await self.chunks.close()

@@ -41,27 +41,64 @@ RpcHandler = Callable[[RpcCall], Awaitable[Reply]]
 
 
 class RpcServer:
-    def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int) -> None:
+    """``request_timeout_s``: how long a connection may take to send a whole request (a network-facing
+    listener's bound on idle or slow clients); ``None`` waits for ever (the gateway's trusted socket).
+    ``single_request``: close each connection after its first reply."""
+
+    def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int, request_timeout_s: float | None = None,
+                 single_request: bool = False) -> None:
         self.handlers = dict(handlers)
         self.max_body = max_body
+        self.request_timeout_s = request_timeout_s
+        self.single_request = single_request
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> tuple[RpcRequest, bytes] | None:
+        """The next request and its body (``None`` at the end of the stream)."""
+        line = await reader.readline()
+        if not line:
+            return None
+        request = RpcRequest.decode(line, self.max_body)
+        body = await reader.readexactly(request.body_bytes) if request.body_bytes else b""
+        return request, body
+
+    async def _answer(self, read: tuple[RpcRequest, bytes], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+        """The reply line for one request (``None``: the handler streamed its own response)."""
+        request, body = read
+        try:
+            handler = self.handlers.get(request.op)
+            if handler is None:
+                raise S3Error(ErrorCode.InvalidRequest, f"bad RPC request: op {request.op.value!r} is not served on this listener")
+            reply = await handler(RpcCall(request, body, reader, writer))
+            return None if reply is None else encode_reply(reply)
+        except S3Error as e:
+            return encode_error(e)
+        except Exception as e:  # a bug, not bad input: answer, log, keep serving
+            log.exception("RPC request failed")
+            return encode_error(S3Error(ErrorCode.InternalError, f"storage server error: {e.__class__.__name__}"))
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while line := await reader.readline():
+            while True:
                 try:
-                    request = RpcRequest.decode(line, self.max_body)
-                    body = await reader.readexactly(request.body_bytes) if request.body_bytes else b""
-                    reply = await self.handlers[request.op](RpcCall(request, body, reader, writer))
-                    if reply is None:
-                        break  # streamed; one streaming request per connection
-                    out = encode_reply(reply)
-                except S3Error as e:
-                    out = encode_error(e)
-                except Exception as e:  # a bug, not bad input: answer, log, keep serving
-                    log.exception("RPC request failed")
-                    out = encode_error(S3Error(ErrorCode.InternalError, f"storage server error: {e.__class__.__name__}"))
+                    read = await asyncio.wait_for(self._read_request(reader), self.request_timeout_s)
+                except S3Error as e:  # a malformed request line: answer, keep serving
+                    writer.write(encode_error(e))
+                    await writer.drain()
+                    if self.single_request:
+                        break
+                    continue
+                except asyncio.TimeoutError:  # the stream may be mid-request: answer and close
+                    writer.write(encode_error(S3Error(ErrorCode.RequestTimeout, f"no complete request within {self.request_timeout_s:g} s")))
+                    break
+                if read is None:
+                    break
+                out = await self._answer(read, reader, writer)
+                if out is None:
+                    break  # streamed; one streaming request per connection
                 writer.write(out)
                 await writer.drain()
+                if self.single_request:
+                    break
         except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:

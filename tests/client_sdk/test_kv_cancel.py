@@ -17,10 +17,12 @@ def uncached_fds(status: dict) -> int:
     return status["open_fds"] - status["open_file_cache"]["files"]
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", [*TRANSPORTS, "http-relay"])
 def test_leaving_early_frees_everything(gated_node, tenants, transport):
+    """Over http both ways: from the data endpoint (this node has one) and relayed by the gateway."""
     server, gate = gated_node, gated_node.gate
     bucket = f"kv-cancel-{transport}"
+    transport, direct = transport.removesuffix("-relay"), not transport.endswith("-relay")
     boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
     layout = tiny_layout(16)
     keys = keys_for(layout, 500, f"cancel-{transport}")
@@ -37,8 +39,10 @@ def test_leaving_early_frees_everything(gated_node, tenants, transport):
 
     async def scenario():
         async with client(server, tenants["alice"], bucket) as c:
+            c.direct = direct
             await c.put_chunks(keys, make_chunks(layout, 500, seed=5), layout)
-            await c.fetch(keys[:1], layout, transport)  # warm up: regions registered, connections open
+            _, stats = await c.fetch(keys[:1], layout, transport)  # warm up: regions registered, connections open
+            assert stats.direct == (direct and transport == "http")
             before = rpc(server.rpc_socket, "status")
             gate.hold_before(3)
             async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:

@@ -142,6 +142,42 @@ def test_random_kills_never_lose_acknowledged_puts(crashable):
         assert body == content(key, len(body)) and o["ETag"] == f'"{hashlib.md5(body).hexdigest()}"', key
 
 
+def test_kill_right_after_concurrent_small_puts_are_acknowledged(crashable):
+    """16 writers of 4 KiB objects (their commits are grouped); SIGKILL the instant the 48th PUT is
+    acknowledged. Every acknowledged object is present and whole after the restart."""
+    proc, tenant = crashable
+    boto_client(proc.endpoint, tenant).create_bucket(Bucket="group")
+    acked: set[str] = set()
+    lock = threading.Lock()
+    killed = threading.Event()
+    clients = [boto_client(proc.endpoint, tenant) for _ in range(16)]
+
+    def writer(wid: int) -> None:
+        for i in range(1000):
+            key = f"w{wid}/{i}"
+            try:
+                clients[wid].put_object(Bucket="group", Key=key, Body=content(key, 4096))
+            except Exception:
+                return
+            with lock:
+                acked.add(key)
+                if len(acked) >= 48 and not killed.is_set():
+                    proc.kill()  # right after an acknowledgement, with the others' commits in flight
+                    killed.set()
+                    return
+
+    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert killed.is_set()
+    proc.start()
+    s3 = boto_client(proc.endpoint, tenant)
+    for key in sorted(acked):
+        assert s3.get_object(Bucket="group", Key=key)["Body"].read() == content(key, 4096), key
+
+
 def _age(path, seconds: float) -> None:
     past = time.time() - seconds
     os.utime(path, (past, past))

@@ -103,6 +103,23 @@ class BlobFiles:
                 fsync_dir(d)
         return finals
 
+    def publish_group(self, tmps: list[Path]) -> list[Path]:
+        """Several fsync'd temp files → final names in one directory, made durable by one fsync of it
+        (a group commit's batch; names stay unique: the shared directory is only their first two hex digits)."""
+        d = self._final_path().parent
+        finals = [d / (d.name + uuid.uuid4().hex[2:]) for _ in tmps]
+        done = 0
+        try:
+            for tmp, final in zip(tmps, finals):
+                os.rename(tmp, final)
+                done += 1
+            fsync_dir(d)
+        except BaseException:
+            for final in finals[:done]:
+                final.unlink(missing_ok=True)
+            raise
+        return finals
+
     def publish_part(self, upload_id: str, part_number: int, tmp: Path) -> Path:
         final = self.parts_dir / upload_id / f"{part_number:05d}-{uuid.uuid4().hex}"
         final.parent.mkdir(exist_ok=True)

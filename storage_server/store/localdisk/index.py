@@ -226,25 +226,50 @@ class MetadataIndex:
             raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
         return _row_to_meta(row)
 
+    def _commit_one(self, db: sqlite3.Connection, bucket: str, published: Published, garbage: list[str]) -> ObjectMeta:
+        """One published file's row (or, for an immutable object put again, the existing one; the new file is garbage)."""
+        final, meta, immutable = published
+        old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
+        if old is not None and (immutable or old[12]):
+            existing = _row_to_meta(old)
+            check_immutable_reput(existing, meta)
+            garbage.append(str(final))
+            return existing
+        self._insert_object(db, meta, str(final), immutable)
+        if old is not None:
+            garbage.append(old[10])
+        return replace(meta, locator=str(final))
+
     def commit(self, bucket: str, published: list[Published]) -> tuple[list[ObjectMeta], list[str]]:
         """Make published files visible in one transaction (or none of them): their metadata, and the
         files that became garbage (replaced objects, no-op re-puts of immutable chunks)."""
         def tx(db: sqlite3.Connection) -> tuple[list[ObjectMeta], list[str]]:
             self._bucket_exists(db, bucket)
-            results, garbage = [], []
-            for final, meta, immutable in published:
-                old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
-                if old is not None and (immutable or old[12]):
-                    existing = _row_to_meta(old)
-                    check_immutable_reput(existing, meta)
-                    garbage.append(str(final))
-                    results.append(existing)
-                    continue
-                if old is not None:
-                    garbage.append(old[10])
-                self._insert_object(db, meta, str(final), immutable)
-                results.append(replace(meta, locator=str(final)))
-            return results, garbage
+            garbage: list[str] = []
+            return [self._commit_one(db, bucket, p, garbage) for p in published], garbage
+
+        return self._write(tx)
+
+    def commit_group(self, items: list[tuple[str, Published]]) -> tuple[list[ObjectMeta | S3Error], list[str]]:
+        """Several single-object commits (a group commit's batch) in one transaction, each in its own
+        savepoint: one that fails (no such bucket, an immutable conflict) is that item's error, and the
+        others commit. The files that became garbage are returned as with :meth:`commit`."""
+        def tx(db: sqlite3.Connection) -> tuple[list[ObjectMeta | S3Error], list[str]]:
+            outcomes: list[ObjectMeta | S3Error] = []
+            garbage: list[str] = []
+            for bucket, published in items:
+                db.execute("SAVEPOINT item")
+                mine: list[str] = []
+                try:
+                    self._bucket_exists(db, bucket)
+                    outcomes.append(self._commit_one(db, bucket, published, mine))
+                except S3Error as e:
+                    db.execute("ROLLBACK TO item")
+                    outcomes.append(e)
+                else:
+                    garbage += mine
+                db.execute("RELEASE item")
+            return outcomes, garbage
 
         return self._write(tx)
 

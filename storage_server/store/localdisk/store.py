@@ -25,6 +25,7 @@ from ..object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMe
 from ..rules import MAX_PUT_SIZE, completed_meta, select_parts, verify_received
 from . import cleanup
 from .blobs import WRITE_BUFFER, BlobFiles
+from .group_commit import GroupCommit
 from .index import MetadataIndex, Published
 
 T = TypeVar("T")
@@ -36,6 +37,7 @@ class LocalDiskStore(ObjectStore):
         self.blobs = BlobFiles(self.root)
         cleanup.sweep_tmp(self.blobs.tmp_dir)
         self.index = MetadataIndex(self.root / "meta.sqlite3")
+        self._group = GroupCommit(self.blobs, self.index)  # concurrent PUTs share their barriers
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="localdisk")
 
     async def _run(self, fn: Callable[..., T], *args) -> T:
@@ -88,10 +90,7 @@ class LocalDiskStore(ObjectStore):
         tmp, d = await self.blobs.receive(body, spec, MAX_PUT_SIZE, self._run)
         meta = _meta(bucket, key, d, spec, owner, time.time())
 
-        def commit() -> ObjectMeta:
-            return self._commit(bucket, [(self.blobs.publish(tmp), meta, spec.immutable)])[0]
-
-        return await self._run(commit)
+        return await self._run(self._group.commit, bucket, tmp, meta, spec.immutable)
 
     async def put_many(self, bucket: str, items: list[tuple[str, bytes | memoryview, PutSpec]], owner: str) -> list[ObjectMeta]:
         await self.get_bucket(bucket)

@@ -1,0 +1,123 @@
+"""The kv-get frame stream straight from the storage server's data endpoint (:mod:`protocol.data_ticket`).
+
+The gateway answered the signed kv-get with a ticket; this connects to the data
+endpoint, sends the ticketed request and reads the reply line and the frames
+(:mod:`protocol.wire`) from a plain socket. DATA payloads are received by the
+kernel straight into the destination (``recv_into``): no HTTP parsing, no
+intermediate buffer, no copy in user space.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+from protocol.data_ticket import DirectGrant
+from protocol.errors import ErrorCode, S3Error
+from protocol.rpc import MAX_REQUEST_LINE, KVGetAccepted, Op, RpcRequest, decode_reply
+from protocol.wire import FRAME_SIZE, Frame, unpack_frame
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class DirectFrameStream:
+    """Same reading interface as :class:`client_sdk.frames.FrameStream`, over the data endpoint's socket."""
+
+    def __init__(self, sock: socket.socket, read_timeout: float) -> None:
+        self._sock = sock
+        self._timeout = read_timeout
+        self._pending = memoryview(b"")
+        self._eof = False
+        self.accepted: KVGetAccepted | None = None
+
+    @classmethod
+    async def open(cls, grant: DirectGrant, descriptor: bytes, read_timeout: float) -> "DirectFrameStream":
+        """Connect, send the ticketed kv-get and read its reply line (an error reply raises its S3Error)."""
+        loop = asyncio.get_running_loop()
+        host, _, port = grant.endpoint.rpartition(":")
+        try:
+            infos = await loop.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+            family, kind, proto, _, addr = infos[0]
+            sock = socket.socket(family, kind, proto)
+        except (OSError, ValueError) as e:
+            raise _unreachable(grant.endpoint, e) from None
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await asyncio.wait_for(loop.sock_connect(sock, addr), CONNECT_TIMEOUT_S)
+            stream = cls(sock, read_timeout)
+            await loop.sock_sendall(sock, RpcRequest(Op.KV_GET, {"ticket": grant.ticket}, len(descriptor)).encode() + descriptor)
+            stream.accepted = KVGetAccepted.from_json(decode_reply(await stream._read_line()))
+            return stream
+        except (OSError, asyncio.TimeoutError) as e:
+            sock.close()
+            raise _unreachable(grant.endpoint, e) from None
+        except BaseException:
+            sock.close()
+            raise
+
+    def close(self) -> None:
+        self._sock.close()
+
+    async def _recv_into(self, view: memoryview) -> int:
+        """Bytes received into ``view`` (0 at the end of the stream): at once when some are waiting, else after a wait."""
+        if self._pending:
+            n = min(len(view), len(self._pending))
+            view[:n] = self._pending[:n]
+            self._pending = self._pending[n:]
+            return n
+        try:
+            return self._sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            pass
+        try:
+            async with asyncio.timeout(self._timeout):  # a deadline, not a task per wait (wait_for would make one)
+                return await asyncio.get_running_loop().sock_recv_into(self._sock, view)
+        except TimeoutError:
+            raise S3Error(ErrorCode.RequestTimeout, "the KV stream sent nothing within the client's read_timeout") from None
+        except OSError:
+            return 0
+
+    async def _read_line(self) -> bytes:
+        buf = bytearray()
+        chunk = memoryview(bytearray(64 << 10))
+        while (end := buf.find(b"\n")) < 0:
+            if len(buf) > MAX_REQUEST_LINE:
+                raise S3Error(ErrorCode.InternalError, "the data endpoint's reply line is too long")
+            n = await self._recv_into(chunk)
+            if not n:
+                raise S3Error(ErrorCode.ServiceUnavailable, "The data endpoint closed the connection before answering.")
+            buf += chunk[:n]
+        self._pending = memoryview(bytes(buf[end + 1 :]))
+        return bytes(buf[: end + 1])
+
+    async def read_into(self, dest: memoryview, n: int) -> None:
+        pos = 0
+        while pos < n:
+            got = await self._recv_into(dest[pos:n])
+            if not got:
+                self._eof = True
+                raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended in the middle of a frame (the storage server went away).")
+            pos += got
+
+    async def _read_exact(self, n: int) -> bytes:
+        out = bytearray(n)
+        await self.read_into(memoryview(out), n)
+        return bytes(out)
+
+    async def next_frame(self) -> Frame | None:
+        head = bytearray(FRAME_SIZE)
+        got = await self._recv_into(memoryview(head))
+        if not got:
+            return None
+        if got < FRAME_SIZE:
+            await self.read_into(memoryview(head)[got:], FRAME_SIZE - got)
+        return unpack_frame(bytes(head))
+
+    async def read_json(self, frame: Frame) -> dict:
+        return json.loads(await self._read_exact(frame.length))
+
+
+def _unreachable(endpoint: str, e: BaseException) -> S3Error:
+    return S3Error(ErrorCode.ServiceUnavailable, f"the storage server's data endpoint {endpoint} is not reachable ({type(e).__name__}: {e})")
