@@ -15,8 +15,9 @@ async with ObjectCacheClient(endpoint, access_key, secret_key, bucket="kv-cache"
 
 from protocol.errors import S3Error as ObjectCacheError
 
-from .client import FetchStats, LayerStream, ObjectCacheClient
+from .client import ObjectCacheClient
 from .hashing import chunk_keys
 from .layout import PRESETS, KVLayout
+from .stream import FetchStats, LayerStream
 
 __all__ = ["FetchStats", "KVLayout", "LayerStream", "ObjectCacheClient", "ObjectCacheError", "PRESETS", "chunk_keys"]

@@ -19,7 +19,6 @@ import random
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -36,22 +35,11 @@ from botocore.exceptions import ClientError
 from protocol.checksums import b64
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import (
-    HEADER_GATEWAY_S,
-    HEADER_MODE,
-    HEADER_PAYLOAD_BYTES,
-    HEADER_RDMA_TAG,
-    KVOp,
-    LookupReply,
-    RdmaRegisterRequest,
-    RegisterReply,
-    RegisterTicket,
-    UnregisterRequest,
-)
+from protocol.kv_http import HEADER_RDMA_TAG, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
 from protocol.verbs import ENGINE, VerbsDevice
-from protocol.wire import Descriptor, FrameType, Mode, TransferStats, TransportKind, encode_descriptor, encode_keys, encode_put_batch
+from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
@@ -59,6 +47,7 @@ from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
+from .stream import FetchStats, LayerStream
 from .verbs import VerbsDestinations
 
 PUT_BATCH_BYTES = 64 << 20
@@ -87,108 +76,6 @@ def _s3_error(status: int, body: bytes) -> S3Error:
 
 def _json(record: Any) -> bytes:
     return json.dumps(record.to_json()).encode()
-
-
-@dataclass
-class FetchStats:
-    """One fetch as the client saw it, plus the server's END-frame report."""
-
-    request_id: str = ""
-    transport: str = ""
-    direct: bool = False  # http: the frames came from the storage server's data endpoint, not the gateway's relay
-    gateway_s: float = 0.0
-    client_total_s: float = 0.0
-    first_layer_s: float | None = None
-    # When each layer was handed to the caller, seconds from the request (the client's half of the per-layer timeline).
-    layer_arrival_s: list[float] = field(default_factory=list)
-    server: TransferStats = field(default_factory=TransferStats)
-
-    @property
-    def mode(self) -> str:
-        return self.server.mode
-
-
-class LayerStream:
-    """Async iterator of ``(layer, view)`` in layer order, each as soon as it has landed.
-
-    ``view`` is the layer's ``N·S`` bytes (chunk j at ``j·S``). Views stay valid
-    until the ``fetch_layers`` block exits. ``payload`` is the whole ``[L][N][S]``.
-    """
-
-    def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
-                 num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
-        self._frames = frames
-        self._landed = landed
-        self.payload = payload
-        self.layer_bytes = layer_bytes
-        self.num_layers = num_layers
-        self.verify = verify
-        self._next = 0
-        self._done = False
-        self._started = started
-        self.stats = FetchStats(
-            request_id=response.headers.get("x-amz-request-id", ""),
-            transport=transport,
-            gateway_s=float(response.headers.get(HEADER_GATEWAY_S, "0")),
-            server=TransferStats(mode=response.headers.get(HEADER_MODE, ""), payload_bytes=int(response.headers.get(HEADER_PAYLOAD_BYTES, "0"))),
-        )
-        if isinstance(frames, DirectFrameStream) and frames.accepted is not None:
-            self.stats.direct = True
-            self.stats.server = TransferStats(mode=frames.accepted.mode, payload_bytes=frames.accepted.payload_bytes)
-
-    def __aiter__(self) -> "LayerStream":
-        return self
-
-    def layer(self, index: int) -> memoryview:
-        return self.payload[index * self.layer_bytes : (index + 1) * self.layer_bytes]
-
-    def as_array(self, layout: KVLayout) -> np.ndarray:
-        """The payload as ``(L, N, 2, G, n_kv, d)`` of the layout's dtype (bfloat16 as uint16)."""
-        n = self.layer_bytes // layout.per_layer_chunk_bytes
-        arr = np.frombuffer(self.payload, dtype=layout.numpy_dtype)
-        return arr.reshape(layout.num_layers, n, 2, layout.chunk_tokens, layout.kv_heads, layout.head_dim)
-
-    async def __anext__(self) -> tuple[int, memoryview]:
-        try:
-            return await self._next_layer()
-        except aiohttp.ClientError as e:
-            # Not retried: layers may already be in the caller's hands; the caller decides (fetch again).
-            raise S3Error(ErrorCode.ServiceUnavailable, f"the KV stream broke after {self._next} of {self.num_layers} layers "
-                          f"({type(e).__name__}: {e}); it is not retried, fetch again") from None
-
-    async def _next_layer(self) -> tuple[int, memoryview]:
-        while not self._done:
-            frame = await self._frames.next_frame()
-            if frame is None:
-                raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended before its END frame (the storage server may have stopped).")
-            if frame.type == FrameType.DATA:
-                start = frame.offset
-                if start < 0 or start + frame.length > len(self.payload):
-                    raise S3Error(ErrorCode.InternalError, "DATA frame outside the destination")
-                await self._frames.read_into(self.payload[start : start + frame.length], frame.length)
-            elif frame.type == FrameType.LAYER:
-                if frame.layer != self._next:
-                    raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
-                if self._landed is not None:
-                    await self._landed(frame.layer)
-                view = self.layer(frame.layer)
-                if self.verify and crc32c(view) != frame.checksum:
-                    raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
-                self._next += 1
-                self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
-                if self.stats.first_layer_s is None:
-                    self.stats.first_layer_s = self.stats.layer_arrival_s[0]
-                return frame.layer, view
-            elif frame.type == FrameType.END:
-                self.stats.server = TransferStats.from_json(await self._frames.read_json(frame))
-                self.stats.client_total_s = time.perf_counter() - self._started
-                self._done = True
-                if self._next != self.num_layers:
-                    raise S3Error(ErrorCode.InternalError, f"END after {self._next} of {self.num_layers} layers")
-            elif frame.type == FrameType.ERROR:
-                self._done = True
-                raise S3Error.from_dict(await self._frames.read_json(frame))
-        raise StopAsyncIteration
 
 
 class ObjectCacheClient:

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .client import FetchStats, LayerStream, ObjectCacheClient
+from .client import ObjectCacheClient
 from .layout import KVLayout
+from .stream import FetchStats, LayerStream
 
 
 class SyncLayers:
