@@ -5,6 +5,9 @@ AWS_VENV := .venv-aws
 # aws-cli pins its own botocore, which need not match aiobotocore's: it gets its own environment.
 AWSCLI_SPEC ?= awscli>=1.44,<2
 ARGS ?=
+# pytest-xdist workers for `make test` (auto: one per core). Tests start their own servers on free
+# ports and directories, so they run side by side; PYTEST_WORKERS=0 runs them in one process.
+PYTEST_WORKERS ?= auto
 NIXL_SPEC ?= nixl==1.5.1 nixl-cu12==1.5.1
 
 BIN := $(VENV)/bin
@@ -64,7 +67,7 @@ serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
 test: $(TEST_STAMP) $(AWS_STAMP) rclone
-	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest $(ARGS)
+	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/objectcache bench $(ARGS)
