@@ -66,6 +66,43 @@ class Destinations(abc.ABC):
         return []
 
 
+class BufferDestinations(Destinations):
+    """Destinations backed by buffers this client registered with an RDMA engine, reused across fetches.
+
+    Subclasses keep ``self._buffers`` (each with a ``busy`` flag) and say how to free one.
+    """
+
+    _buffers: list[Any]
+
+    @abc.abstractmethod
+    def _free(self, buffer: Any) -> None:
+        """Let go of one buffer's registration."""
+
+    def release(self, dest: Destination) -> None:
+        if dest.rdma is not None:
+            dest.rdma.busy = False
+
+    def forget(self, dest: Destination) -> None:
+        if dest.rdma is not None:
+            self._drop(dest.rdma)
+            dest.rdma = None
+
+    def forget_idle(self) -> None:
+        for b in [b for b in self._buffers if not b.busy]:
+            self._drop(b)
+
+    def _drop(self, buffer: Any) -> None:
+        if buffer in self._buffers:
+            self._buffers.remove(buffer)
+            self._free(buffer)
+
+    def close(self) -> list:
+        buffers, self._buffers = self._buffers, []
+        for b in buffers:
+            self._free(b)
+        return buffers
+
+
 class HttpDestinations(Destinations):
     kind = TransportKind.HTTP
     verify_by_default = True

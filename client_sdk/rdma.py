@@ -23,7 +23,7 @@ from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
 from .buffers import host_memory
-from .destinations import Destination, Destinations
+from .destinations import BufferDestinations, Destination
 
 MIN_BUFFER = 64 << 20
 
@@ -73,7 +73,7 @@ class RdmaBuffer:
 Register = Callable[[bytes, int, int], Awaitable[tuple[bytes, bytes]]]
 
 
-class RdmaDestinations(Destinations):
+class RdmaDestinations(BufferDestinations):
     kind = TransportKind.RDMA
     verify_by_default = False  # RDMA links check their own frames; verify=True still checks each layer's CRC32C
 
@@ -114,28 +114,6 @@ class RdmaDestinations(Destinations):
         """NIXL names memory by agent and address: the token's rkey, LID and QP number stay 0."""
         return RdmaToken(dest.rdma.buf.ctypes.data, dest.view.nbytes)
 
-    def release(self, dest: Destination) -> None:
-        if dest.rdma is not None:
-            dest.rdma.busy = False
-
-    def forget(self, dest: Destination) -> None:
-        if dest.rdma is not None:
-            self._drop(dest.rdma)
-            dest.rdma = None
-
-    def forget_idle(self) -> None:
-        for b in [b for b in self._buffers if not b.busy]:
-            self._drop(b)
-
-    def _drop(self, b: RdmaBuffer) -> None:
-        if b in self._buffers:
-            self._buffers.remove(b)
-            if self._engine is not None:
-                self._engine.deregister(b.handle)
-
-    def close(self) -> list:
-        buffers, self._buffers = self._buffers, []
+    def _free(self, b: RdmaBuffer) -> None:
         if self._engine is not None:
-            for b in buffers:
-                self._engine.deregister(b.handle)
-        return buffers
+            self._engine.deregister(b.handle)

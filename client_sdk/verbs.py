@@ -27,7 +27,7 @@ from protocol.verbs import ENGINE, MemoryRegion, Opcode, QpLink, QpState, VerbsD
 from protocol.wire import Target, TransportKind
 
 from .buffers import host_memory
-from .destinations import Destination, Destinations
+from .destinations import BufferDestinations, Destination
 
 MIN_BUFFER = 64 << 20
 RECV_DEPTH = 512  # receives kept posted: more than the layers a server announces before we poll
@@ -81,7 +81,7 @@ class VerbsBuffer:
                 await asyncio.sleep(POLL_S)
 
 
-class VerbsDestinations(Destinations):
+class VerbsDestinations(BufferDestinations):
     kind = TransportKind.RDMA
     verify_by_default = False  # RDMA links check their own frames; verify=True still checks each layer's CRC32C
 
@@ -147,31 +147,8 @@ class VerbsDestinations(Destinations):
         gid = b.link.device.gid
         return RdmaToken(b.buf.ctypes.data, dest.view.nbytes, b.mr.rkey, b.link.device.lid, b.link.qp_num, gid if any(gid) else None)
 
-    def release(self, dest: Destination) -> None:
-        if dest.rdma is not None:
-            dest.rdma.busy = False
-
     def _free(self, b: VerbsBuffer) -> None:
         b.link.close()
         b.link.device.destroy_cq(b.cq)
         b.link.device.dereg_mr(b.mr)
 
-    def forget(self, dest: Destination) -> None:
-        if dest.rdma is not None:
-            self._drop(dest.rdma)
-            dest.rdma = None
-
-    def forget_idle(self) -> None:
-        for b in [b for b in self._buffers if not b.busy]:
-            self._drop(b)
-
-    def _drop(self, b: VerbsBuffer) -> None:
-        if b in self._buffers:
-            self._buffers.remove(b)
-            self._free(b)
-
-    def close(self) -> list:
-        buffers, self._buffers = self._buffers, []
-        for b in buffers:
-            self._free(b)
-        return buffers
