@@ -64,21 +64,29 @@ def test_stall_opt_beats_equal_on_total_stall():
         assert so < eq
 
 
-def cvxpy_optimum(demands, capacity, targets) -> float:
-    """min Σ s_i/r_i  s.t.  Σ r_i = B, 0 < r_i ≤ t_i — solved by cvxpy.
+def cvxpy_optimum(demands, capacity, targets) -> tuple[float, float]:
+    """min Σ s_i/r_i  s.t.  Σ r_i = B, 0 < r_i ≤ t_i — solved by cvxpy; the optimum and the tolerance it is good to.
 
-    Written in u_i = r_i / t_i (an exact change of variables: Σ (s_i/t_i)/u_i,
+    Written first in u_i = r_i / t_i (an exact change of variables: Σ (s_i/t_i)/u_i,
     Σ (t_i/B) u_i = 1, u_i ≤ 1), which keeps the interior-point solver well
-    conditioned when targets span many orders of magnitude.
+    conditioned when targets span many orders of magnitude; where the solver still
+    reports ``optimal_inaccurate`` (rare, for demands ~10⁴ apart), in the rates
+    themselves, and an answer that is inaccurate in both is compared more loosely.
     """
     s = np.array([d.bytes_per_layer for d in demands])
     a = s / targets
-    scale = a.max()
     u = cp.Variable(len(demands))
-    prob = cp.Problem(cp.Minimize(cp.sum(cp.multiply(a / scale, cp.inv_pos(u)))), [(targets / capacity) @ u == 1, u <= 1])
-    prob.solve(solver=cp.CLARABEL)
-    assert prob.status == cp.OPTIMAL, prob.status
-    return prob.value * scale
+    by_share = cp.Problem(cp.Minimize(cp.sum(cp.multiply(a / a.max(), cp.inv_pos(u)))), [(targets / capacity) @ u == 1, u <= 1])
+    by_share.solve(solver=cp.CLARABEL)
+    if by_share.status == cp.OPTIMAL:
+        return by_share.value * a.max(), 1e-6
+    r = cp.Variable(len(demands))
+    by_rate = cp.Problem(cp.Minimize(cp.sum(cp.multiply(s / s.max(), cp.inv_pos(r / capacity)))), [cp.sum(r) == capacity, r <= targets])
+    by_rate.solve(solver=cp.CLARABEL)
+    if by_rate.status == cp.OPTIMAL:
+        return by_rate.value * s.max() / capacity, 1e-6
+    assert by_share.status == cp.OPTIMAL_INACCURATE, by_share.status
+    return by_share.value * a.max(), 1e-4
 
 
 demand_st = st.builds(
@@ -101,9 +109,9 @@ def test_closed_form_matches_cvxpy(demands, squeeze, margin, policy):
     assert rates.sum() == pytest.approx(capacity, rel=1e-9)
     assert np.all(rates > 0) and np.all(rates <= targets * (1 + 1e-9))
     ours = objective(demands, rates)
-    reference = cvxpy_optimum(demands, capacity, targets)
-    assert abs(ours - reference) / reference <= 1e-6
-    assert ours <= reference * (1 + 1e-7)  # never worse than the solver (beyond its feasibility tolerance)
+    reference, tolerance = cvxpy_optimum(demands, capacity, targets)
+    assert abs(ours - reference) / reference <= tolerance
+    assert ours <= reference * (1 + tolerance / 10)  # never worse than the solver (beyond its feasibility tolerance)
 
 
 @given(st.lists(demand_st, min_size=1, max_size=64))
