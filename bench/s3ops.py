@@ -3,7 +3,7 @@
 The three run as separate server processes on 127.0.0.1 and are driven by the
 same aiobotocore client code in the same run: 4 KiB and 1 MiB objects,
 concurrency 1 and 16. moto's server (Python, in memory) and SeaweedFS (Go,
-``weed server``: master, volume, filer and S3 gateway) are peer S3
+``weed server``: master, volume, filer and S3 gateway, plus a second volume server) are peer S3
 implementations; the ratios show how much of the per-request cost is ObjectCache's.
 Each (size, concurrency) is measured ``REPEATS`` times, the servers taking turns,
 and the median run counts (the spread is the slowest and fastest run).
@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from .harness import add_bench_parser, finish, grouped_bars, print_table, print_targets, progress, s3_client, start_server
-from .peers import Peer, start_moto, start_seaweedfs
+from .upstreams import Moto, SeaweedFS, Upstream
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20}
 CONCURRENCY = (1, 16)
@@ -42,8 +42,8 @@ async def create_bucket(endpoint: str, ak: str, sk: str) -> None:
         await s3.create_bucket(Bucket=BUCKET)
 
 
-def group_cpu_s(pgid: int) -> float | None:
-    """CPU seconds used so far by every live process of a process group (Linux ``/proc``; None elsewhere)."""
+def group_cpu_s(pgids: list[int]) -> float | None:
+    """CPU seconds used so far by every live process of these process groups (Linux ``/proc``; None elsewhere)."""
     if not os.path.isdir("/proc/self"):
         return None
     total = 0.0
@@ -53,7 +53,7 @@ def group_cpu_s(pgid: int) -> float | None:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
-        if int(fields[2]) == pgid:
+        if int(fields[2]) in pgids:
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
@@ -63,7 +63,7 @@ def client_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def measure(endpoint: str, ak: str, sk: str, size: int, concurrency: int, ops: int, server_pgid: int, run_no: int) -> dict:
+async def measure(endpoint: str, ak: str, sk: str, size: int, concurrency: int, ops: int, server_pgids: list[int], run_no: int) -> dict:
     async with s3_client(endpoint, ak, sk, concurrency) as s3:
         prefix = f"{size}-{concurrency}-{run_no}"
         body = os.urandom(size)
@@ -82,11 +82,11 @@ async def measure(endpoint: str, ak: str, sk: str, size: int, concurrency: int, 
                         await r["Body"].read()
                     latencies.append(time.perf_counter() - t)
 
-            server0, client0 = group_cpu_s(server_pgid), client_cpu_s()
+            server0, client0 = group_cpu_s(server_pgids), client_cpu_s()
             start = time.perf_counter()
             await asyncio.gather(*(one(i) for i in range(ops)))
             elapsed = time.perf_counter() - start
-            server1 = group_cpu_s(server_pgid)
+            server1 = group_cpu_s(server_pgids)
             result[op] = {"ops": ops, "elapsed": elapsed, "latencies": latencies,
                           "server_cpu_s": None if server0 is None or server1 is None else server1 - server0,
                           "client_cpu_s": client_cpu_s() - client0}
@@ -107,17 +107,17 @@ def summarise(runs: list[dict]) -> dict:
 
 async def run_all(quick: bool) -> tuple[list[dict], str]:
     oc = start_server()
-    peers: dict[str, Peer] = {}
+    peers: dict[str, Upstream] = {}
     note = ""
     rows = []
     try:
-        peers["moto"] = start_moto()
+        peers["moto"] = Moto().start()
         try:
-            peers["seaweedfs"] = start_seaweedfs()
+            peers["seaweedfs"] = SeaweedFS().start()
         except RuntimeError as e:
             note = str(e).splitlines()[0]
-        servers = {"objectcache": (oc.endpoint, oc.access_key, oc.secret_key, oc.proc.pid),
-                   **{name: (p.endpoint, p.access_key, p.secret_key, p.proc.pid) for name, p in peers.items()}}
+        servers = {"objectcache": (oc.endpoint, oc.access_key, oc.secret_key, [oc.proc.pid]),
+                   **{name: (p.endpoint, p.access_key, p.secret_key, p.pgids) for name, p in peers.items()}}
         for endpoint, ak, sk, _ in servers.values():
             await create_bucket(endpoint, ak, sk)
         repeats = 1 if quick else REPEATS
@@ -125,8 +125,8 @@ async def run_all(quick: bool) -> tuple[list[dict], str]:
             ops = (20 if size > 65536 else 50) if quick else (200 if size > 65536 else 500)
             runs: dict[str, list[dict]] = {name: [] for name in servers}
             for run_no in range(repeats):  # the servers take turns, so load from elsewhere falls on all of them
-                for name, (endpoint, ak, sk, pgid) in servers.items():
-                    runs[name].append(await measure(endpoint, ak, sk, size, conc, ops, pgid, run_no))
+                for name, (endpoint, ak, sk, pgids) in servers.items():
+                    runs[name].append(await measure(endpoint, ak, sk, size, conc, ops, pgids, run_no))
             for op in ("put", "get"):
                 row = {"size": size_name, "concurrency": conc, "op": op, **{name: summarise([r[op] for r in runs[name]]) for name in servers}}
                 row["throughput_ratio"] = row["objectcache"]["ops_per_s"] / row["moto"]["ops_per_s"]

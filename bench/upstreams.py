@@ -1,4 +1,7 @@
-"""Upstream S3 stores for ``bench capacity``: moto's server and SeaweedFS, each a throwaway process tree on 127.0.0.1.
+"""Other S3 stores the benchmarks run: moto's server and SeaweedFS, each a throwaway process tree on 127.0.0.1.
+
+``bench capacity`` puts them upstream of ObjectCache nodes; ``bench s3ops`` runs them beside
+ObjectCache as peers.
 
 moto logs one line per request, which is how the benchmark counts what ObjectCache asks
 of it; SeaweedFS runs as ``weed server`` (master, a volume server, filer, S3 gateway)
@@ -61,6 +64,8 @@ class Upstream:
 
     name = ""
 
+    access_key, secret_key = KEYS
+
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"objectcache-bench-{self.name}-"))
         self.endpoint = ""
@@ -74,6 +79,11 @@ class Upstream:
     def requests(self) -> list[tuple[str, str]] | None:
         """``(method, path)`` of every request so far, or None where the upstream keeps no request log."""
         return None
+
+    @property
+    def pgids(self) -> list[int]:
+        """The process groups it runs as (each process is started in its own session)."""
+        return [p.pid for p in self.procs]
 
     def stop(self) -> None:
         _stop(self.procs, 3)
@@ -137,11 +147,11 @@ class SeaweedFS(Upstream):
             (self.root / d).mkdir()
         with open(self.root / "weed.log", "ab") as out:
             self.procs.append(subprocess.Popen(
-                [binary, "server", "-dir", str(self.root / "server"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-master.port", str(master),
+                [binary, "-logdir", str(self.root), "server", "-dir", str(self.root / "server"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-master.port", str(master),
                  "-volume.port", str(volume), "-volume.max", str(VOLUMES), "-master.volumeSizeLimitMB", "512", "-filer", "-filer.port", str(filer), "-s3", "-s3.port", str(s3), "-s3.port.lance=0",
                  "-s3.port.iceberg=0"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
             self.procs.append(subprocess.Popen(
-                [binary, "volume", "-dir", str(self.root / "volume2"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2), "-max", str(VOLUMES),
+                [binary, "-logdir", str(self.root), "volume", "-dir", str(self.root / "volume2"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2), "-max", str(VOLUMES),
                  "-master", f"127.0.0.1:{master}"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
