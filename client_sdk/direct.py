@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
 
 from protocol.data_ticket import DirectGrant
 from protocol.errors import ErrorCode, S3Error
@@ -92,13 +93,16 @@ class DirectFrameStream:
         self._pending = memoryview(bytes(buf[end + 1 :]))
         return bytes(buf[: end + 1])
 
-    async def read_into(self, dest: memoryview, n: int) -> None:
+    async def read_into(self, dest: memoryview, n: int, received: Callable[[memoryview], None] | None = None) -> None:
+        """``n`` bytes into ``dest``; ``received`` sees each part as soon as it is in (to checksum it while cached)."""
         pos = 0
         while pos < n:
             got = await self._recv_into(dest[pos:n])
             if not got:
                 self._eof = True
                 raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended in the middle of a frame (the storage server went away).")
+            if received is not None:
+                received(dest[pos : pos + got])
             pos += got
 
     async def _read_exact(self, n: int) -> bytes:

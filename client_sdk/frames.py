@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from aiohttp import ClientPayloadError, StreamReader
 
@@ -43,13 +44,16 @@ class FrameStream:
             self._pending = piece[take:]
         return bytes(out)
 
-    async def read_into(self, dest: memoryview, n: int) -> None:
+    async def read_into(self, dest: memoryview, n: int, received: Callable[[memoryview], None] | None = None) -> None:
+        """``n`` bytes into ``dest``; ``received`` sees each part as soon as it is in (to checksum it while cached)."""
         pos = 0
         while pos < n:
             piece = await self._more()
             take = min(n - pos, len(piece))
             dest[pos : pos + take] = piece[:take]
             self._pending = piece[take:]
+            if received is not None:
+                received(dest[pos : pos + take])
             pos += take
 
     async def next_frame(self) -> Frame | None:

@@ -38,6 +38,40 @@ class FetchStats:
         return self.server.mode
 
 
+class LayerDigests:
+    """Each layer's CRC32C, computed piece by piece as the bytes arrive (while they are still in cache).
+
+    DATA frames come in payload order; should one not continue where the last
+    ended, the digests give up and each layer is checked whole once it is ready.
+    """
+
+    def __init__(self, layer_bytes: int) -> None:
+        self.layer_bytes = layer_bytes
+        self._pos = 0  # payload offset the next byte must come from; -1: out of order, gave up
+        self._crc = 0
+        self._done: dict[int, int] = {}
+
+    def start(self, offset: int) -> None:
+        """A DATA frame begins at ``offset``."""
+        if offset != self._pos:
+            self._pos = -1
+
+    def received(self, piece: memoryview) -> None:
+        """The next bytes of the current DATA frame, just received."""
+        while self._pos >= 0 and piece:
+            layer_end = (self._pos // self.layer_bytes + 1) * self.layer_bytes
+            k = min(len(piece), layer_end - self._pos)
+            self._crc = crc32c(piece[:k], self._crc)
+            self._pos += k
+            piece = piece[k:]
+            if self._pos == layer_end:
+                self._done[self._pos // self.layer_bytes - 1], self._crc = self._crc, 0
+
+    def checksum(self, layer: int, view: memoryview) -> int:
+        c = self._done.pop(layer, None)
+        return crc32c(view) if c is None else c
+
+
 class LayerStream:
     """Async iterator of ``(layer, view)`` in layer order, each as soon as it has landed.
 
@@ -53,6 +87,7 @@ class LayerStream:
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
         self.verify = verify
+        self._digests = LayerDigests(layer_bytes) if verify and layer_bytes else None
         self._next = 0
         self._done = False
         self._started = started
@@ -95,14 +130,17 @@ class LayerStream:
                 start = frame.offset
                 if start < 0 or start + frame.length > len(self.payload):
                     raise S3Error(ErrorCode.InternalError, "DATA frame outside the destination")
-                await self._frames.read_into(self.payload[start : start + frame.length], frame.length)
+                digests = self._digests
+                if digests is not None:
+                    digests.start(start)
+                await self._frames.read_into(self.payload[start : start + frame.length], frame.length, digests.received if digests else None)
             elif frame.type == FrameType.LAYER:
                 if frame.layer != self._next:
                     raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
                 if self._landed is not None:
                     await self._landed(frame.layer)
                 view = self.layer(frame.layer)
-                if self.verify and crc32c(view) != frame.checksum:
+                if self._digests is not None and self._digests.checksum(frame.layer, view) != frame.checksum:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
                 self._next += 1
                 self.stats.layer_arrival_s.append(time.perf_counter() - self._started)

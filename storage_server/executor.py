@@ -6,9 +6,10 @@ pool, each task a contiguous run of chunks with the GIL released. When every
 chunk is mapped in one arena (:mod:`storage_server.store.mapped_files`), a run is
 one ``np.take`` of rows of the arena (no syscall and no Python per slice);
 otherwise it is one ``preadv`` per chunk;
-the layer's CRC32C (unless the descriptor waives it) is computed off the event
-loop and, like the delivery of layer ℓ, overlaps the reads of layer ℓ+1; layers
-are delivered strictly in order.
+the layer's CRC32C (unless the descriptor waives it) is computed by each reader
+over the run it has just copied (still in cache) and the runs' CRCs combined in
+order; the delivery of layer ℓ overlaps the reads of layer ℓ+1; layers are
+delivered strictly in order.
 
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
 iovecs land its L slices at their layer-major places (mapped chunks: one
@@ -27,6 +28,7 @@ from typing import Protocol
 import numpy as np
 from awscrt.checksums import crc32c
 
+from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
@@ -80,10 +82,14 @@ def _mapped_rows(handles: list[ChunkHandle], size: int) -> tuple[np.ndarray | No
     return rows, np.asarray(slots, np.intp) * (first.arena.slot_bytes // size)
 
 
-def _take_run(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, base: int, layer: int, size: int, dest: memoryview) -> None:
-    """Row ``layer`` of mapped chunks first..last-1 into ``dest`` at ``(j - base)·size``: one gather, GIL released."""
-    out = np.frombuffer(dest, np.uint8, (last - first) * size, (first - base) * size).reshape(-1, size)
+def _take_run(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, base: int, layer: int, size: int, dest: memoryview,
+              checksum: bool = False) -> int:
+    """Row ``layer`` of mapped chunks first..last-1 into ``dest`` at ``(j - base)·size``: one gather, GIL released.
+    Returns the CRC32C of the bytes gathered (0 unless ``checksum``), computed while they are still in cache."""
+    start, nbytes = (first - base) * size, (last - first) * size
+    out = np.frombuffer(dest, np.uint8, nbytes, start).reshape(-1, size)
     np.take(rows, first_rows[first:last] + layer, axis=0, out=out, mode="clip")  # "clip": no checked copy of out
+    return crc32c(dest[start : start + nbytes]) if checksum else 0
 
 
 def _take_whole_chunks(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
@@ -92,14 +98,17 @@ def _take_whole_chunks(rows: np.ndarray, first_rows: np.ndarray, first: int, las
         _take_run(rows, first_rows, first, last, -layer * n_chunks, layer, size, dest)  # chunk j at (layer·n + j)·size
 
 
-def _read_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, file_offset: int, size: int, dest: memoryview) -> None:
-    """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``(j - base)·size`` (prefix order)."""
-    pos = (first - base) * size
+def _read_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, file_offset: int, size: int, dest: memoryview,
+              checksum: bool = False) -> int:
+    """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``(j - base)·size`` (prefix order);
+    returns the CRC32C of the run (0 unless ``checksum``)."""
+    pos = start = (first - base) * size
     for j in range(first, last):
         n = os.preadv(fds[j], [dest[pos : pos + size]], offsets[j] + file_offset)
         if n != size:
             raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}: {n} of {size} bytes")
         pos += size
+    return crc32c(dest[start:pos]) if checksum else 0
 
 
 def _read_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
@@ -133,29 +142,36 @@ class Executor:
         bounds = [first + n * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
-    async def _read_runs(self, fn, plan: ReadPlan, first: int, last: int, *args) -> None:
+    async def _read_runs(self, fn, plan: ReadPlan, first: int, last: int, *args) -> list[tuple[int, int]]:
         """Run ``fn(fds, offsets, a, b, *args)`` (mapped plans: ``fn(rows, first_rows, a, b, *args)``)
-        over contiguous runs ``[a, b)`` of chunks first..last-1 on the read pool.
+        over contiguous runs ``[a, b)`` of chunks first..last-1 on the read pool; returns each run's
+        length in chunks with what ``fn`` returned for it, in order.
 
         If one run fails, the others are waited for before the error propagates,
         so no thread is still writing into a buffer the caller is about to free.
         """
         loop = asyncio.get_running_loop()
         sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
-        futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in self._runs(first, last)]
+        runs = self._runs(first, last)
+        futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in runs]
         try:
-            await asyncio.gather(*futures)
+            return [(b - a, result) for (a, b), result in zip(runs, await asyncio.gather(*futures))]
         except BaseException:
             await asyncio.gather(*futures, return_exceptions=True)
             raise
 
-    async def read_piece(self, plan: ReadPlan, layer: int, first: int, last: int, dest: memoryview) -> None:
-        """Slice ``layer`` of chunks first..last-1, in prefix order, into ``dest``."""
+    async def read_piece(self, plan: ReadPlan, layer: int, first: int, last: int, dest: memoryview, checksum: bool = False) -> int:
+        """Slice ``layer`` of chunks first..last-1, in prefix order, into ``dest``; returns the piece's
+        CRC32C (0 unless ``checksum``), each run's taken by its reader and the runs' combined in order."""
         s = plan.descriptor.per_layer_chunk_bytes
         if plan.mapped:
-            await self._read_runs(_take_run, plan, first, last, first, layer, s, dest)
+            runs = await self._read_runs(_take_run, plan, first, last, first, layer, s, dest, checksum)
         else:
-            await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest)
+            runs = await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest, checksum)
+        crc = 0
+        for chunks, run_crc in runs:
+            crc = crc32c_combine(crc, run_crc, chunks * s)
+        return crc
 
     async def run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
         """Execute ``plan`` into ``transport``; returns statistics for the END frame.
@@ -206,11 +222,10 @@ class Executor:
             crc = [0]  # running CRC32C of the layer being delivered
             first_ready = [0.0]
 
-            async def deliver(layer: int, first: int, data: memoryview, ends_layer: bool, previous: asyncio.Task | None) -> None:
+            async def deliver(layer: int, first: int, data: memoryview, piece_crc: int, ends_layer: bool, previous: asyncio.Task | None) -> None:
                 if previous is not None:
-                    await previous  # strict order (and the CRC chains piece by piece)
-                if d.layer_checksums:
-                    crc[0] = await loop.run_in_executor(self.pool, crc32c, data, crc[0])
+                    await previous  # strict order (and the layer's CRC joins the pieces' in order)
+                crc[0] = crc32c_combine(crc[0], piece_crc, len(data))
                 t = time.perf_counter()
                 await transport.deliver_piece(layer, first, data)
                 if ends_layer:
@@ -237,11 +252,11 @@ class Executor:
                             if reuse and len(deliveries) >= reuse:
                                 await deliveries[-reuse]  # that buffer is free again
                             dest = transport.piece_buffer(layer, first, last)
-                            await self.read_piece(plan, layer, first, last, dest)
+                            piece_crc = await self.read_piece(plan, layer, first, last, dest, d.layer_checksums)
                             previous = deliveries[-1] if deliveries else None
                             if previous is not None and previous.done():
                                 previous.result()  # a failed delivery (client gone) stops the reads now
-                            deliveries.append(asyncio.ensure_future(deliver(layer, first, dest, last == n, previous)))
+                            deliveries.append(asyncio.ensure_future(deliver(layer, first, dest, piece_crc, last == n, previous)))
                     finally:
                         if pacer is not None:
                             pacer.after_layer()

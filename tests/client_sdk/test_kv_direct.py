@@ -166,3 +166,30 @@ def test_data_endpoint_serves_nothing_but_ticketed_kv_gets(direct_node, tenants)
         s.sendall(json.dumps({"op": "kv-get", "body": len(body), "tenant": "alice", "bucket": "direct"}).encode() + b"\n" + body)
         reply = json.loads(s.makefile("rb").readline())
     assert not reply["ok"] and reply["error"]["code"] == "InvalidRequest" and "ticket" in reply["error"]["message"]
+
+
+def test_the_sdks_own_memory_is_reused_by_the_next_fetch_and_never_shared_by_two_at_once(direct_node, tenants):
+    """Without ``out``, a fetch lends memory of the SDK's own: back to the pool when its block exits, like a shm region."""
+    node, keys, chunks = direct_node
+    expected = reference(LAYOUT, chunks).reshape(-1)
+
+    def address(layers) -> int:
+        return np.frombuffer(layers.payload, np.uint8).ctypes.data
+
+    async def go():
+        async with client(node, tenants["alice"], "direct") as c:
+            async with c.fetch_layers(keys, LAYOUT, "http") as first, c.fetch_layers(keys, LAYOUT, "http") as second:
+                async for _ in first:
+                    pass
+                async for _ in second:
+                    pass
+                together = (address(first), address(second))
+                assert bytes(first.payload) == bytes(second.payload) == expected.tobytes()
+            async with c.fetch_layers(keys[: N // 2], LAYOUT, "http") as later:  # smaller: fits either buffer
+                async for _ in later:
+                    pass
+                assert bytes(later.payload) == reference(LAYOUT, chunks[: N // 2]).tobytes()
+                return together, address(later)
+
+    (a, b), later = run(go())
+    assert a != b and later in (a, b)
