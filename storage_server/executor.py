@@ -33,7 +33,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
 from .residency import read_ahead, read_ahead_budget, resident_fraction
-from .store import ChunkHandle
+from .store import PinnedChunks
 from .transports import Transport
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -60,26 +60,28 @@ class ReadPlan:
     first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
 
     @classmethod
-    def of(cls, descriptor: Descriptor, mode: Mode, handles: list[ChunkHandle], piece_chunks: int) -> "ReadPlan":
-        rows, first_rows = _mapped_rows(handles, descriptor.per_layer_chunk_bytes)
-        return cls(descriptor, mode, [h.fd for h in handles], [h.offset for h in handles], piece_chunks, rows, first_rows)
+    def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int) -> "ReadPlan":
+        rows, first_rows = _mapped_rows(pinned, descriptor.per_layer_chunk_bytes)
+        return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
 
     @property
     def mapped(self) -> bool:
         return self.rows is not None
 
 
-def _mapped_rows(handles: list[ChunkHandle], size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _mapped_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
-    first = handles[0].mapped if handles and size > 0 else None
-    if first is None or (rows := first.arena.rows(size)) is None:
+    first = pinned.mapped[0] if pinned.mapped and size > 0 else None
+    if first is None or (rows := first.arena.rows(size)) is None or any(pinned.offsets):
         return None, None
-    slots = []
-    for h in handles:
-        if h.mapped is None or h.mapped.arena is not first.arena or h.offset:
-            return None, None
-        slots.append(h.mapped.index)
-    return rows, np.asarray(slots, np.intp) * (first.arena.slot_bytes // size)
+    arena = first.arena
+    try:
+        slots = [m.index for m in pinned.mapped if m.arena is arena]  # type: ignore[union-attr]
+    except AttributeError:  # one is not mapped
+        return None, None
+    if len(slots) != len(pinned.mapped):
+        return None, None
+    return rows, np.asarray(slots, np.intp) * (arena.slot_bytes // size)
 
 
 def _take_run(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, base: int, layer: int, size: int, dest: memoryview,

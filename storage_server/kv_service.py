@@ -185,7 +185,7 @@ class KVService:
         pinned = None
         try:
             pinned = await self.chunks.pin(bucket, d.chunk_keys)
-            check_chunk_sizes(d, [h.size for h in pinned.handles])
+            check_chunk_sizes(d, pinned.sizes)
             plan = plan_transfer(
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
                 staging_budget=self.staging.total, pool_enabled=self.pool is not None,
@@ -198,7 +198,7 @@ class KVService:
                 self._tasks[slot] = task
             outcome, stats = "failed", None
             try:
-                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned.handles, plan.piece_chunks), transport)
+                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks), transport)
                 setup_s = time.perf_counter() - arrived
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id, stats.setup_s = request_id, setup_s

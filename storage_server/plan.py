@@ -39,6 +39,8 @@ class Staging:
 def check_chunk_sizes(d: Descriptor, sizes: Sequence[int]) -> None:
     """Every chunk object must be exactly L·S bytes; the error names the first that is not."""
     expected = d.chunk_object_bytes
+    if list(sizes).count(expected) == len(sizes):
+        return
     for key, size in zip(d.chunk_keys, sizes):
         if size != expected:
             raise S3Error(

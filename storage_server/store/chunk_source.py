@@ -30,10 +30,25 @@ class ChunkHandle(NamedTuple):
 
 @dataclass
 class PinnedChunks:
-    """Chunks held for one transfer, in the order they were asked for. Release exactly once."""
+    """Chunks held for one transfer, in the order they were asked for, as columns (chunk j is
+    ``sizes[j]`` bytes of ``fds[j]`` from ``offsets[j]``, mapped at ``mapped[j]`` or None).
+    Columns, not a tuple per chunk: pinning 3,584 chunks happens before the first layer. Release exactly once."""
 
-    handles: list[ChunkHandle]
+    fds: list[int]
+    offsets: list[int]
+    sizes: list[int]
+    mapped: list[MappedSlot | None]
     _unpin: Callable[[], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def whole_files(cls, fds: list[int], sizes: list[int], mapped: list[MappedSlot | None] | None = None,
+                    unpin: Callable[[], None] | None = None) -> "PinnedChunks":
+        """Chunks that are each a whole file."""
+        return cls(fds, [0] * len(fds), sizes, mapped if mapped is not None else [None] * len(fds), unpin)
+
+    @property
+    def handles(self) -> list[ChunkHandle]:
+        return [ChunkHandle(*h) for h in zip(self.fds, self.offsets, self.sizes, self.mapped)]
 
     def release(self) -> None:
         unpin, self._unpin = self._unpin, None

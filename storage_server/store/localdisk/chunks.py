@@ -22,7 +22,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.lru import LruPolicy
-from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..chunk_source import ChunkSource, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .locations import Location, LocationCache
@@ -97,7 +97,10 @@ class LocalDiskChunkSource(ChunkSource):
         paths = [loc[0] for loc in found]  # type: ignore[index]
         sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
-            fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
+            held = self.files.acquire_held(paths)  # all open and mapped already (a repeated prefix): no thread hop
+            if held is None:
+                fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
+                held = fds, self.files.slots(paths)
         except MissingFile as e:
             self.lru.unpin(names)
             key = keys[e.index]
@@ -105,12 +108,13 @@ class LocalDiskChunkSource(ChunkSource):
         except BaseException:
             self.lru.unpin(names)
             raise
-        self.lru.touch_chain(names)
-        handles = [ChunkHandle(fd, 0, size, slot) for fd, size, slot in zip(fds, sizes, self.files.slots(paths))]
-        return PinnedChunks(handles, functools.partial(self._release, paths, names))
+        fds, mapped = held
+        return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, names))
 
     def _release(self, paths: list[str], names: list[str]) -> None:
+        """The transfer is over: its chunks become the most recently used (off the first layer's path), unpinned."""
         self.files.release(paths)
+        self.lru.touch_chain(names)
         self.lru.unpin(names)
         if self.lru.used > self.max_bytes and (self._trimming is None or self._trimming.done()):
             try:

@@ -53,6 +53,23 @@ class OpenFileCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    def acquire_held(self, paths: list[str]) -> tuple[list[int], list[MappedSlot | None]] | None:
+        """Every path's fd and mapping if all are open already (and tried for mapping): then a few
+        dict operations, fit for the event loop; None (nothing taken) if any would need an ``open``."""
+        entries = self._entries
+        with self._lock:
+            try:
+                held = [entries[p] for p in paths]
+            except KeyError:
+                return None
+            if self.mapper is not None and not all(e.map_tried for e in held):
+                return None
+            for p, e in zip(paths, held):
+                e.users += 1
+                entries.move_to_end(p)
+            self.hits += len(paths)
+        return [e.fd for e in held], [e.slot for e in held]
+
     def acquire(self, paths: list[str], sizes: list[int] | None = None) -> list[int]:
         """Open (or reuse) every path; all or nothing. Raises :class:`MissingFile`.
 

@@ -209,8 +209,7 @@ class S3ChunkSource(ChunkSource):
                 os.close(fd)
             self.files.policy.unpin(pinned)
             raise
-        handles = [ChunkHandle(fd, 0, size) for fd, size in zip(fds, sizes)]  # type: ignore[arg-type]
-        return PinnedChunks(handles, functools.partial(self._release, fds, pinned))
+        return PinnedChunks.whole_files(fds, sizes, unpin=functools.partial(self._release, fds, pinned))  # type: ignore[arg-type]
 
     def _release(self, fds: list[int], pinned: list[str]) -> None:
         for fd in fds:

@@ -32,6 +32,19 @@ def test_a_second_transfer_reuses_the_open_fds(files):
     cache.close()
 
 
+def test_files_all_open_already_are_held_without_opening_and_any_other_is_left_to_acquire(files):
+    cache = OpenFileCache(16)
+    assert cache.acquire_held(files[:3]) is None  # nothing open yet: nothing taken
+    first = cache.acquire(files[:2])
+    cache.release(files[:2])
+    assert cache.acquire_held(files[:3]) is None and cache.status()["in_use"] == 0  # obj2 needs an open: all or nothing
+    fds, mapped = cache.acquire_held(files[1::-1])  # type: ignore[misc]
+    assert fds == first[::-1] and mapped == [None, None] and cache.status()["in_use"] == 2
+    cache.release(files[:2])
+    assert cache.status()["in_use"] == 0
+    cache.close()
+
+
 def test_idle_files_beyond_capacity_are_closed_oldest_first_but_never_in_use_ones(files):
     cache = OpenFileCache(2)
     busy = cache.acquire(files[:3])  # over capacity, but all three are in use
