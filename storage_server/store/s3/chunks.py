@@ -35,7 +35,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.chunk_files import ChunkFiles, chunk_id
-from ..chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from ..chunk_source import ChunkSource, PinnedChunks
 from ..object_store import PutSpec
 from .store import S3Store
 from .upstream import body_chunks
