@@ -208,6 +208,12 @@ class StorageServerConfig(Section):
     # only contend (measured: 2 threads 6.5 GB/s, 8 threads 3-4 GB/s on 2 cores); raise it
     # for stores whose chunks mostly come from disk, where reads wait on I/O.
     read_threads: int = 0
+    # Reads in flight for a cold transfer: when most sampled chunks are not in the page cache,
+    # a layerwise transfer into the client's memory (shm) reads several layers of each chunk
+    # per request with O_DIRECT, this many at once, as a disk wants a deep queue; its chunks
+    # are then read into the page cache in the background, within half of the available
+    # memory, for the next fetch. 0: cold chunks are read through the page cache.
+    cold_read_depth: int = 16
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
@@ -262,6 +268,7 @@ class StorageServerConfig(Section):
                      "must name the address clients connect to when data_listen binds a wildcard address")
         self.require(self.data_ticket_ttl_s > 0, "data_ticket_ttl_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
+        self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")

@@ -340,6 +340,8 @@ class TransferStats:
     # Page-cache hit ratio of a sample of the chunks, and the bytes of cold chunks read ahead because of it.
     resident_sample: float = 1.0
     read_ahead_bytes: int = 0
+    # Bytes read past the page cache (O_DIRECT) because the sampled chunks were mostly cold.
+    direct_read_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -32,11 +32,13 @@ from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
+from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .residency import read_ahead, read_ahead_budget, resident_fraction
 from .store import PinnedChunks
 from .transports import Transport
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+COLD_FRACTION = 0.5  # at most this share of the sampled chunks in the page cache: the transfer reads past it
 
 
 class Pacer(Protocol):
@@ -131,12 +133,16 @@ def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
 class Executor:
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
-    def __init__(self, io_threads: int) -> None:
+    def __init__(self, io_threads: int, direct_depth: int = 0) -> None:
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kv-read")
         self.io_threads = io_threads
+        self.direct_depth = direct_depth  # O_DIRECT reads in flight for cold transfers; 0: always through the page cache
+        self._direct: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        if self._direct is not None:
+            self._direct.shutdown(wait=True)
 
     def _runs(self, first: int, last: int) -> list[tuple[int, int]]:
         n = last - first
@@ -190,8 +196,19 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        # Cold chunks (a sampled one is not in the page cache): the kernel reads them all ahead, deep-queued.
         resident = resident_fraction(plan.fds, plan.offsets)
+        files = await self._direct_files(plan, transport, resident)
+        if files is not None:  # mostly cold: read past the page cache, deep-queued
+            try:
+                stats = await self._run_direct(plan, transport, pacer, started, files)
+            finally:
+                files.close()
+            stats.resident_sample, stats.direct_read_bytes = resident, d.payload_bytes
+            # Kept for reuse (a prefix is fetched again): the kernel reads the chunks into the page cache
+            # in the background, within the memory budget, now that the transfer no longer waits on the disk.
+            stats.read_ahead_bytes = self._warm_later(plan)
+            return stats
+        # Some sampled chunk is cold: the kernel reads them all ahead, deep-queued.
         ahead = None if resident == 1.0 else loop.run_in_executor(
             None, read_ahead, plan.fds, plan.offsets, [d.num_layers * d.per_layer_chunk_bytes] * len(plan.fds), read_ahead_budget())
         try:
@@ -200,6 +217,112 @@ class Executor:
             read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
         stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
         return stats
+
+    async def _direct_files(self, plan: ReadPlan, transport: Transport, resident: float) -> DirectFiles | None:
+        """O_DIRECT descriptors when this transfer should read past the page cache, else None (the budgeter).
+
+        Direct when the sample is mostly cold, the transfer is layerwise into the client's
+        own memory (``transport.reads_into_destination``) and every address is aligned;
+        a filesystem that refuses O_DIRECT leaves the page-cache path.
+        """
+        d = plan.descriptor
+        if not self.direct_depth or resident > COLD_FRACTION or plan.mode != Mode.LAYERWISE or not transport.reads_into_destination:
+            return None
+        if not aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))]):
+            return None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, DirectFiles, plan.fds)
+        except OSError:
+            return None
+
+    def _warm_later(self, plan: ReadPlan) -> int:
+        """Read a cold transfer's chunks into the page cache in the background, within budget; the bytes asked for."""
+        d = plan.descriptor
+        size = d.num_layers * d.per_layer_chunk_bytes
+        budget = read_ahead_budget()
+        count = min(len(plan.fds), budget // size if size else 0)
+        if not count:
+            return 0
+        fds = [os.dup(fd) for fd in plan.fds[:count]]  # the transfer's pins end now; these end with the read-ahead
+
+        def warm() -> None:
+            try:
+                read_ahead(fds, plan.offsets[:count], [size] * count, budget)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        self._direct_pool().submit(warm)  # fadvise may block on a full device queue: not on a layer reader
+        return count * size
+
+    async def _run_direct(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, files: DirectFiles) -> TransferStats:
+        """Layerwise, a group of layers at a time: each chunk's layers of the group in one O_DIRECT read, ``direct_depth`` in flight."""
+        d = plan.descriptor
+        loop = asyncio.get_running_loop()
+        n, s = len(plan.fds), d.per_layer_chunk_bytes
+        group = group_layers(s, d.num_layers)
+        tasks = max(1, min(n, self.direct_depth * 4))  # more runs than threads: the queue stays full to the end
+        runs = [(n * i // tasks, n * (i + 1) // tasks) for i in range(tasks)]
+        timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
+        read_s = deliver_s = 0.0
+        pool = self._direct_pool()
+        # Unpaced, one group is submitted ahead of the one being finished, so the device queue never
+        # drains between groups; paced, a group is one paced unit of its bytes (the lease holds one slot).
+        ahead = 0 if pacer is not None else 1
+        in_flight: list[tuple[range, list[memoryview], list[asyncio.Future], float]] = []
+        submitted: list[asyncio.Future] = []
+
+        async def finish() -> None:
+            nonlocal read_s, deliver_s
+            layers, dests, futures, t0 = in_flight.pop(0)
+            try:
+                await asyncio.gather(*futures)
+            finally:
+                if pacer is not None:
+                    pacer.after_layer()
+            t1 = time.perf_counter()
+            read_s = t1 - started - timeline[0][0]  # reads overlap: their span
+            for layer, dest in zip(layers, dests):
+                crc = await loop.run_in_executor(self.pool, crc32c, dest) if d.layer_checksums else 0
+                t = time.perf_counter()
+                await transport.deliver_piece(layer, 0, dest)
+                await transport.layer_ready(layer, crc)
+                deliver_s += time.perf_counter() - t
+                timeline[layer] = [t0 - started, t1 - started, time.perf_counter() - started]
+
+        try:
+            for first_layer in range(0, d.num_layers, group):
+                layers = range(first_layer, min(first_layer + group, d.num_layers))
+                dests = [transport.piece_buffer(layer, 0, n) for layer in layers]
+                if pacer is not None:
+                    await pacer.before_layer(d.layer_bytes * len(layers))
+                t0 = time.perf_counter()
+                if not first_layer:
+                    timeline[0][0] = t0 - started
+                futures = [loop.run_in_executor(pool, read_layer_group, files.fds, plan.offsets, a, b, first_layer, s, dests) for a, b in runs if a < b]
+                submitted += futures
+                in_flight.append((layers, dests, futures, t0))
+                if len(in_flight) > ahead:
+                    await finish()
+            while in_flight:
+                await finish()
+        except BaseException:
+            await asyncio.gather(*submitted, return_exceptions=True)  # no read is still writing when this returns
+            raise
+        return TransferStats(
+            layer_timeline=[[round(t, 6) for t in times] for times in timeline],
+            mode=plan.mode.name.lower(),
+            payload_bytes=d.payload_bytes,
+            storage_read_s=read_s,
+            delivery_s=deliver_s,
+            total_s=time.perf_counter() - started,
+            first_layer_s=timeline[0][2] if timeline else 0.0,
+        )
+
+    def _direct_pool(self) -> ThreadPoolExecutor:
+        if self._direct is None:
+            self._direct = read_pool(self.direct_depth)
+        return self._direct
 
     async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
         d = plan.descriptor

@@ -98,7 +98,7 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus())
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
         self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
         self.staging = StagingBudget(ss.http_staging_bytes)
         self.pacer_factories = list(pacers)

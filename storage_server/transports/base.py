@@ -69,6 +69,8 @@ class Transport(abc.ABC):
     buffers_in_rotation: int = 0
     # Tags this transfer's out-of-band layer notifications (rdma over pyverbs); 0 = none.
     tag: int = 0
+    # Piece buffers are the client's own memory (not staging), so cold chunks may be read straight into them.
+    reads_into_destination: bool = False
 
     def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         self.frames = frames
