@@ -41,6 +41,7 @@ import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 from client_sdk.rdma import rdma_available
+from protocol.config import StorageServerConfig
 
 from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .wire import shm_descriptor, time_codec
@@ -139,6 +140,34 @@ async def timed(fn, repeats: int = 3, cold: bool = False) -> list[float]:
 
 DIRECT_BLOCK = 1 << 20  # bytes per O_DIRECT read
 DIRECT_DEPTHS = (1, 4, 16, 32)
+COLD_READ_DEPTH = StorageServerConfig().cold_read_depth  # the storage server's own queue depth for cold chunks
+
+
+class DiskBusy:
+    """How busy the block device holding ``path`` was since this was made: ``/proc/diskstats`` io_ticks over wall time."""
+
+    def __init__(self, path: Path) -> None:
+        dev = os.stat(path).st_dev
+        self._name = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve().name
+        self._start = (time.perf_counter(), self._ticks())
+
+    def _ticks(self) -> int | None:
+        try:
+            with open("/proc/diskstats") as f:
+                for line in f:
+                    fields = line.split()
+                    if fields[2] == self._name:
+                        return int(fields[12])  # milliseconds the device had I/O in flight
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def fraction(self) -> float | None:
+        t0, ticks0 = self._start
+        ticks = self._ticks()
+        if ticks is None or ticks0 is None:
+            return None
+        return min(1.0, (ticks - ticks0) / 1000 / max(time.perf_counter() - t0, 1e-9))
 
 
 def disk_direct_limit(directory: Path, nbytes: int) -> dict:
@@ -199,24 +228,30 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
                         raise RuntimeError("the http fetch did not take the path it was meant to measure")
         return go
 
+    cold_reports: list[dict] = []
+
     async def cold_shm() -> list[float]:
         """A storage server keeps the chunk files it has read mapped, and dropping the page cache leaves
         mapped pages resident; so each cold run starts a new server process on the same store (and port)
-        first, as after a reboot, and a new client whose connection and region a one-chunk fetch sets
-        up, then drops the page cache."""
+        first, and a new client whose connection and region a one-chunk fetch sets up, then drops the
+        page cache. Each run also reports how busy the store's disk was and what the server decided."""
         times = []
         for _ in range(repeats):
             srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)  # type: ignore[index]
             async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
-                async def fetch(subset: list[str]) -> None:
+                async def fetch(subset: list[str]):
                     async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
                         async for _ in layers:
                             pass
+                    return layers.stats
                 await fetch(keys[:1])
                 drop_page_cache()
+                busy = DiskBusy(srv.root)
                 t = time.perf_counter()
-                await fetch(keys)
+                stats = await fetch(keys)
                 times.append(time.perf_counter() - t)
+                cold_reports.append({"disk_busy": busy.fraction(), "resident_sample": stats.server.resident_sample,
+                                     "direct_read_bytes": stats.server.direct_read_bytes, "read_ahead_bytes": stats.server.read_ahead_bytes})
         return times
 
     async def loopback():
@@ -247,7 +282,11 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
     }
     if cold and server:
         row["disk_direct"] = disk_direct_limit(server[0].root, w)
-        row["paths"]["ObjectCache-shm"]["vs_disk_direct"] = row["paths"]["ObjectCache-shm"]["gb_per_s"] / row["disk_direct"]["best_gb_per_s"]
+        shm = row["paths"]["ObjectCache-shm"]
+        shm["vs_disk_direct"] = shm["gb_per_s"] / row["disk_direct"]["best_gb_per_s"]
+        same = row["disk_direct"]["gb_per_s_by_queue_depth"].get(COLD_READ_DEPTH)
+        shm["vs_disk_direct_same_depth"] = shm["gb_per_s"] / same if same else None
+        shm["cold_runs"] = cold_reports
     return row
 
 
@@ -316,8 +355,14 @@ def run(args: argparse.Namespace) -> dict:
     for r in rows:
         if "disk_direct" in r:
             depths = ", ".join(f"QD{q}: {v:.2f}" for q, v in r["disk_direct"]["gb_per_s_by_queue_depth"].items())
-            print(f"\ndisk-direct (O_DIRECT, 1 MiB reads, GB/s by queue depth): {depths}; "
-                  f"ObjectCache-shm cold is {r['paths']['ObjectCache-shm']['vs_disk_direct']:.0%} of the best.")
+            shm = r["paths"]["ObjectCache-shm"]
+            same = shm.get("vs_disk_direct_same_depth")
+            print(f"\ndisk-direct (O_DIRECT, 1 MiB reads, GB/s by queue depth): {depths}; ObjectCache-shm cold is "
+                  f"{shm['vs_disk_direct']:.0%} of the best" + (f" and {same:.0%} of QD{COLD_READ_DEPTH}, its own depth." if same else "."))
+            for i, run_ in enumerate(shm.get("cold_runs", [])):
+                busy = "n/a" if run_["disk_busy"] is None else f"{run_['disk_busy']:.0%}"
+                print(f"  cold shm run {i + 1}: disk busy {busy} of the transfer; sampled page-cache hit ratio {run_['resident_sample']:.2f}; "
+                      f"{run_['direct_read_bytes'] / 1e9:.2f} GB read O_DIRECT, {run_['read_ahead_bytes'] / 1e9:.2f} GB read into the page cache after")
     print("\nThe descriptor of each case (what the client encodes and the gateway and storage server decode):\n")
     print_table(["G", "context", "hit", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
                 [[r["chunk_tokens"], r["context"], r["hit"], r["descriptor"]["keys"], r["descriptor"]["bytes"],

@@ -42,29 +42,47 @@ def aligned(size: int, offsets: list[int], views: list[memoryview]) -> bool:
 
 
 class DirectFiles:
-    """``O_DIRECT`` descriptors of a transfer's chunk files (opened afresh from its pinned fds), closed once."""
+    """``O_DIRECT`` descriptors of a transfer's chunk files, opened afresh from its pinned fds by the reader that
+    first needs each (the opens overlap the reads instead of delaying the first), closed once."""
 
-    def __init__(self, fds: list[int]) -> None:
-        self.fds: list[int] = []
+    def __init__(self, pinned: list[int]) -> None:
+        self.pinned = pinned
+        self.fds: list[int | None] = [None] * len(pinned)
+
+    @classmethod
+    def supported(cls, pinned: list[int]) -> bool:
+        """Whether this filesystem takes O_DIRECT (tmpfs refuses it): one file opened and closed."""
         try:
-            for fd in fds:  # the same open file, read past the page cache; the pinned fd is left as it is
-                self.fds.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | DIRECT))
-        except OSError:
-            self.close()
-            raise
+            os.close(_reopen(pinned[0]))
+            return True
+        except (OSError, IndexError):
+            return False
+
+    def fd(self, j: int) -> int:
+        """Chunk ``j``'s O_DIRECT descriptor (each index is one reader's: no two threads open the same)."""
+        fd = self.fds[j]
+        if fd is None:
+            fd = self.fds[j] = _reopen(self.pinned[j])
+        return fd
 
     def close(self) -> None:
-        fds, self.fds = self.fds, []
+        fds, self.fds = self.fds, [None] * len(self.pinned)
         for fd in fds:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
-def read_layer_group(fds: list[int], offsets: list[int], first: int, last: int, layer: int, size: int, dests: list[memoryview]) -> None:
+def _reopen(fd: int) -> int:
+    """The same open file, read past the page cache; the pinned fd is left as it is."""
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | DIRECT)
+
+
+def read_layer_group(files: DirectFiles, offsets: list[int], first: int, last: int, layer: int, size: int, dests: list[memoryview]) -> None:
     """Layers ``layer..layer+len(dests)-1`` of chunks first..last-1: one read per chunk, each layer's slice at ``j·size`` of its view."""
     want = size * len(dests)
     for j in range(first, last):
         start = j * size
-        n = os.preadv(fds[j], [d[start : start + size] for d in dests], offsets[j] + layer * size)
+        n = os.preadv(files.fd(j), [d[start : start + size] for d in dests], offsets[j] + layer * size)
         if n != want:
             raise S3Error(ErrorCode.InternalError, f"short direct read of chunk #{j}: {n} of {want} bytes")
 

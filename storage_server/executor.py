@@ -197,7 +197,7 @@ class Executor:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         resident = resident_fraction(plan.fds, plan.offsets)
-        files = await self._direct_files(plan, transport, resident)
+        files = self._direct_files(plan, transport, resident)
         if files is not None:  # mostly cold: read past the page cache, deep-queued
             try:
                 stats = await self._run_direct(plan, transport, pacer, started, files)
@@ -218,7 +218,7 @@ class Executor:
         stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
         return stats
 
-    async def _direct_files(self, plan: ReadPlan, transport: Transport, resident: float) -> DirectFiles | None:
+    def _direct_files(self, plan: ReadPlan, transport: Transport, resident: float) -> DirectFiles | None:
         """O_DIRECT descriptors when this transfer should read past the page cache, else None (the budgeter).
 
         Direct when the sample is mostly cold, the transfer is layerwise into the client's
@@ -230,10 +230,7 @@ class Executor:
             return None
         if not aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))]):
             return None
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, DirectFiles, plan.fds)
-        except OSError:
-            return None
+        return DirectFiles(plan.fds) if DirectFiles.supported(plan.fds) else None
 
     def _warm_later(self, plan: ReadPlan) -> int:
         """Read a cold transfer's chunks into the page cache in the background, within budget; the bytes asked for."""
@@ -299,7 +296,7 @@ class Executor:
                 t0 = time.perf_counter()
                 if not first_layer:
                     timeline[0][0] = t0 - started
-                futures = [loop.run_in_executor(pool, read_layer_group, files.fds, plan.offsets, a, b, first_layer, s, dests) for a, b in runs if a < b]
+                futures = [loop.run_in_executor(pool, read_layer_group, files, plan.offsets, a, b, first_layer, s, dests) for a, b in runs if a < b]
                 submitted += futures
                 in_flight.append((layers, dests, futures, t0))
                 if len(in_flight) > ahead:
