@@ -74,8 +74,9 @@ class GroupCommit:
     def _lead(self) -> None:
         with self._lock:
             batch, self._queue = self._queue, []
+        garbage: list[str] = []
         try:
-            self._commit_batch(batch)
+            garbage = self._commit_batch(batch)
         finally:
             with self._lock:
                 nxt = self._queue[0] if self._queue else None
@@ -85,30 +86,34 @@ class GroupCommit:
             if nxt is not None:
                 nxt.lead = True
                 nxt.done.set()
+        # Files of the versions this batch replaced, unreferenced since its commit: deleted once the next
+        # batch is under way (each unlink is a journaled metadata update, a third of a batch's time when overwriting).
+        for g in garbage:
+            Path(g).unlink(missing_ok=True)
 
-    def _commit_batch(self, batch: list[_Pending]) -> None:
+    def _commit_batch(self, batch: list[_Pending]) -> list[str]:
+        """Publish and commit ``batch``; the files of the versions it replaced (to delete)."""
         try:
             finals = self.blobs.publish_group([p.tmp for p in batch])
         except BaseException as e:
             for p in batch:
                 p.tmp.unlink(missing_ok=True)
                 p.error = e
-            return
+            return []
         try:
             outcomes, garbage = self.index.commit_group([(p.bucket, (final, p.meta, p.immutable)) for p, final in zip(batch, finals)])
         except BaseException as e:  # the transaction as a whole failed (disk full at COMMIT): nobody is acknowledged
             for p, final in zip(batch, finals):
                 final.unlink(missing_ok=True)
                 p.error = e
-            return
+            return []
         for p, final, outcome in zip(batch, finals, outcomes):
             if isinstance(outcome, S3Error):
                 final.unlink(missing_ok=True)
                 p.error = outcome
             else:
                 p.result = outcome
-        for g in garbage:
-            Path(g).unlink(missing_ok=True)
         self.batches += 1
         self.committed += len(batch)
+        return garbage
 
