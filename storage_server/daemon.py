@@ -17,6 +17,7 @@ from protocol.config import Config
 from protocol.rpc import Op
 
 from .data_endpoint import DataEndpoint
+from .gc_schedule import GcSchedule
 from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
 from .metrics import StorageServerMetrics
 from .rdma_objects import RdmaObjects
@@ -59,8 +60,10 @@ class StorageServer:
         }, max_body=max_body)
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
+        self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
 
     async def start(self) -> asyncio.AbstractServer:
+        self.gc.start()
         self._housekeeper = asyncio.ensure_future(self.housekeeping())
         await self.handover.start()
         m = self.config.metrics
@@ -84,6 +87,7 @@ class StorageServer:
             try:
                 swept = await self.chunks.housekeeping()
                 expired = self.kv.regions.expire(ss.region_idle_s)
+                self.gc.housekeeping()
             except Exception:  # one bad round must not end housekeeping for the daemon's lifetime
                 log.exception("housekeeping round failed")
                 continue
@@ -127,6 +131,7 @@ class StorageServer:
     async def close(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        self.gc.stop()
         if self._stop_metrics is not None:
             self._stop_metrics()
         if self._data_server is not None:
