@@ -178,6 +178,17 @@ def encode_descriptor(d: Descriptor) -> bytes:
     return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
 
 
+def descriptor_transport(data: bytes) -> TransportKind | None:
+    """The target transport from an intact descriptor header, without decoding the keys (a router's
+    question); None where the header is not intact (:func:`decode_descriptor` then names what is wrong)."""
+    if len(data) < _DESC_HEAD.size:
+        return None
+    magic, version, _mode, _delivery, transport = struct.unpack_from("<4sBBBB", data)
+    if magic != DESCRIPTOR_MAGIC or version != DESCRIPTOR_VERSION or transport not in TransportKind._value2member_map_:
+        return None
+    return TransportKind(transport)
+
+
 def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     """Parse and validate a descriptor. Raises S3Error naming the bad field."""
     buf = memoryview(data)

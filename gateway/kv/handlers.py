@@ -14,6 +14,7 @@ defined in :mod:`protocol`; the requests that select each handler are rows in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
-from protocol.wire import FRAME_SIZE, FrameType, TransportKind, decode_descriptor, json_frame, unpack_frame
+from protocol.wire import FRAME_SIZE, FrameType, TransportKind, decode_descriptor, descriptor_transport, json_frame, unpack_frame
 
 from ..s3api.context import S3Request
 from ..storage_rpc import StorageServerClient
@@ -74,10 +75,19 @@ async def kv_put(req: S3Request) -> web.Response:
 
 async def kv_get(req: S3Request) -> web.StreamResponse:
     started = time.perf_counter()
-    await req.owned_bucket()
-    body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
-    d = decode_descriptor(body)  # validate before forwarding: errors name the field
-    if d.target.transport == TransportKind.HTTP and req.http.headers.get(HEADER_DIRECT) == "1":
+    # On the first layer's path: the bucket check (a metadata query, on a thread) runs while the
+    # descriptor arrives, and the storage server decodes the keys; here only the header routes it.
+    owned = asyncio.ensure_future(req.owned_bucket())
+    try:
+        body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
+    finally:
+        bucket = (await asyncio.gather(owned, return_exceptions=True))[0]
+        if isinstance(bucket, BaseException):
+            raise bucket  # the bucket's error first, as when it was checked before the body
+    transport = descriptor_transport(body)
+    if transport is None:
+        decode_descriptor(body)  # raises the error naming the field
+    if transport == TransportKind.HTTP and req.http.headers.get(HEADER_DIRECT) == "1":
         grant = DirectGrant.from_json(await rpc(req).call(Op.KV_TICKET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id))
         if grant.endpoint:  # else the storage server has no data endpoint: relay as usual
             return web.json_response(grant.to_json(), content_type=GRANT_CONTENT_TYPE,

@@ -8,7 +8,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import S3Error
-from protocol.wire import Descriptor, Mode, Target, TransportKind, decode_descriptor, decode_keys, decode_put_batch, encode_descriptor, encode_keys, encode_put_batch
+from protocol.wire import (
+    DESCRIPTOR_MAGIC,
+    Descriptor,
+    Mode,
+    Target,
+    TransportKind,
+    decode_descriptor,
+    decode_keys,
+    decode_put_batch,
+    descriptor_transport,
+    encode_descriptor,
+    encode_keys,
+    encode_put_batch,
+)
 
 key_text = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), min_size=1, max_size=60)
 keys_st = st.lists(key_text, min_size=1, max_size=50)
@@ -82,3 +95,12 @@ def test_random_bytes_never_crash(data):
 def test_huge_declared_sizes_are_refused_not_allocated(layers, count, s):
     head = struct.pack("<4sBBBBIIQI16s16sQQIHH", b"OCKV", 1, 0, 0, 0, layers, 16, s, count, bytes(16), bytes(16), 0, 2**63, 0, 0, 0)
     _rejects_cleanly(decode_descriptor, head + b"k")
+
+
+def test_the_transport_is_read_from_an_intact_header_alone():
+    for kind in (TransportKind.HTTP, TransportKind.SHM):
+        body = encode_descriptor(Descriptor(["a/1", "a/2"], 2, 16, 64, Target(kind, length=256)))
+        assert descriptor_transport(body) == kind
+        assert descriptor_transport(body[:20]) is None  # truncated header
+        assert descriptor_transport(b"XXXX" + body[4:]) is None and body[:4] == DESCRIPTOR_MAGIC  # not a descriptor
+        assert descriptor_transport(body[:4] + bytes([99]) + body[5:]) is None  # a version this side does not speak
