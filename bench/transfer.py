@@ -170,39 +170,47 @@ class DiskBusy:
         return min(1.0, (ticks - ticks0) / 1000 / max(time.perf_counter() - t0, 1e-9))
 
 
-def disk_direct_limit(directory: Path, nbytes: int) -> dict:
-    """The disk's own read limit: a file of ``nbytes`` on the store's filesystem, read with aligned
-    ``O_DIRECT`` requests of 1 MiB by 1–32 threads (the queue depth), nothing cached. GB/s by depth."""
+def write_probe(directory: Path, nbytes: int) -> Path:
+    """A file of ``nbytes`` (whole MiB) on the store's filesystem, durable, for O_DIRECT reads."""
     path = directory / "disk-direct.bin"
     block = np.random.default_rng(0).integers(0, 256, DIRECT_BLOCK, dtype=np.uint8).tobytes()
-    blocks = max(1, nbytes // DIRECT_BLOCK)
     with open(path, "wb") as f:
-        for _ in range(blocks):
+        for _ in range(max(1, nbytes // DIRECT_BLOCK)):
             f.write(block)
         f.flush()
         os.fsync(f.fileno())
-    by_depth = {}
+    return path
+
+
+def read_direct(path: Path, depth: int) -> float:
+    """GB/s reading ``path`` with aligned O_DIRECT requests of 1 MiB, ``depth`` in flight (never from the page cache)."""
+    blocks = os.path.getsize(path) // DIRECT_BLOCK
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        try:
-            for depth in DIRECT_DEPTHS:
-                drop_page_cache()
+        def read(first: int) -> None:
+            buf = mmap.mmap(-1, DIRECT_BLOCK)  # page-aligned, as O_DIRECT needs
+            for b in range(first, blocks, depth):
+                os.preadv(fd, [buf], b * DIRECT_BLOCK)
+            buf.close()
 
-                def read(first: int) -> None:
-                    buf = mmap.mmap(-1, DIRECT_BLOCK)  # page-aligned, as O_DIRECT needs
-                    for b in range(first, blocks, depth):
-                        os.preadv(fd, [buf], b * DIRECT_BLOCK)
-                    buf.close()
+        t = time.perf_counter()
+        with ThreadPoolExecutor(depth) as pool:
+            list(pool.map(read, range(depth)))
+        return blocks * DIRECT_BLOCK / (time.perf_counter() - t) / 1e9
+    finally:
+        os.close(fd)
 
-                t = time.perf_counter()
-                with ThreadPoolExecutor(depth) as pool:
-                    list(pool.map(read, range(depth)))
-                by_depth[depth] = blocks * DIRECT_BLOCK / (time.perf_counter() - t) / 1e9
-        finally:
-            os.close(fd)
+
+def disk_direct_limit(directory: Path, nbytes: int) -> dict:
+    """The disk's own read limit: a file of ``nbytes`` on the store's filesystem, read with aligned
+    ``O_DIRECT`` requests of 1 MiB by 1–32 threads (the queue depth), nothing cached. GB/s by depth."""
+    path = write_probe(directory, nbytes)
+    try:
+        size = os.path.getsize(path)
+        by_depth = {depth: read_direct(path, depth) for depth in DIRECT_DEPTHS}
     finally:
         path.unlink(missing_ok=True)
-    return {"gb_per_s_by_queue_depth": by_depth, "best_gb_per_s": max(by_depth.values()), "bytes": blocks * DIRECT_BLOCK}
+    return {"gb_per_s_by_queue_depth": by_depth, "best_gb_per_s": max(by_depth.values()), "bytes": size}
 
 
 async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int, cold: bool = False, repeats: int = 3,
@@ -234,24 +242,32 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
         """A storage server keeps the chunk files it has read mapped, and dropping the page cache leaves
         mapped pages resident; so each cold run starts a new server process on the same store (and port)
         first, and a new client whose connection and region a one-chunk fetch sets up, then drops the
-        page cache. Each run also reports how busy the store's disk was and what the server decided."""
+        page cache. Right before each run the disk's own O_DIRECT rate at the server's queue depth is
+        measured (a virtual disk's rate drifts between minutes), and each run reports how busy the
+        store's disk was and what the server decided."""
         times = []
-        for _ in range(repeats):
-            srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)  # type: ignore[index]
-            async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
-                async def fetch(subset: list[str]):
-                    async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
-                        async for _ in layers:
-                            pass
-                    return layers.stats
-                await fetch(keys[:1])
-                drop_page_cache()
-                busy = DiskBusy(srv.root)
-                t = time.perf_counter()
-                stats = await fetch(keys)
-                times.append(time.perf_counter() - t)
-                cold_reports.append({"disk_busy": busy.fraction(), "resident_sample": stats.server.resident_sample,
-                                     "direct_read_bytes": stats.server.direct_read_bytes, "read_ahead_bytes": stats.server.read_ahead_bytes})
+        probe = write_probe(server[0].root, w)  # type: ignore[index]
+        try:
+            for _ in range(repeats):
+                srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)  # type: ignore[index]
+                async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
+                    async def fetch(subset: list[str]):
+                        async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
+                            async for _ in layers:
+                                pass
+                        return layers.stats
+                    await fetch(keys[:1])
+                    drop_page_cache()
+                    beside = read_direct(probe, COLD_READ_DEPTH)
+                    busy = DiskBusy(srv.root)
+                    t = time.perf_counter()
+                    stats = await fetch(keys)
+                    times.append(time.perf_counter() - t)
+                    cold_reports.append({"disk_busy": busy.fraction(), "resident_sample": stats.server.resident_sample,
+                                         "direct_read_bytes": stats.server.direct_read_bytes, "read_ahead_bytes": stats.server.read_ahead_bytes,
+                                         "disk_direct_just_before_gb_per_s": beside, "gb_per_s": w / times[-1] / 1e9})
+        finally:
+            probe.unlink(missing_ok=True)
         return times
 
     async def loopback():
@@ -287,6 +303,7 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
         same = row["disk_direct"]["gb_per_s_by_queue_depth"].get(COLD_READ_DEPTH)
         shm["vs_disk_direct_same_depth"] = shm["gb_per_s"] / same if same else None
         shm["cold_runs"] = cold_reports
+        shm["vs_disk_direct_just_before"] = statistics.median(r["gb_per_s"] / r["disk_direct_just_before_gb_per_s"] for r in cold_reports)
     return row
 
 
@@ -358,10 +375,12 @@ def run(args: argparse.Namespace) -> dict:
             shm = r["paths"]["ObjectCache-shm"]
             same = shm.get("vs_disk_direct_same_depth")
             print(f"\ndisk-direct (O_DIRECT, 1 MiB reads, GB/s by queue depth): {depths}; ObjectCache-shm cold is "
-                  f"{shm['vs_disk_direct']:.0%} of the best" + (f" and {same:.0%} of QD{COLD_READ_DEPTH}, its own depth." if same else "."))
+                  f"{shm['vs_disk_direct']:.0%} of the best" + (f" and {same:.0%} of QD{COLD_READ_DEPTH}, its own depth" if same else "")
+                  + f"; run by run, {shm['vs_disk_direct_just_before']:.0%} (median) of the disk's rate measured just before it.")
             for i, run_ in enumerate(shm.get("cold_runs", [])):
                 busy = "n/a" if run_["disk_busy"] is None else f"{run_['disk_busy']:.0%}"
-                print(f"  cold shm run {i + 1}: disk busy {busy} of the transfer; sampled page-cache hit ratio {run_['resident_sample']:.2f}; "
+                print(f"  cold shm run {i + 1}: {run_['gb_per_s']:.2f} GB/s, the disk's O_DIRECT QD{COLD_READ_DEPTH} just before "
+                      f"{run_['disk_direct_just_before_gb_per_s']:.2f} GB/s; disk busy {busy} of the transfer; sampled page-cache hit ratio {run_['resident_sample']:.2f}; "
                       f"{run_['direct_read_bytes'] / 1e9:.2f} GB read O_DIRECT, {run_['read_ahead_bytes'] / 1e9:.2f} GB read into the page cache after")
     print("\nThe descriptor of each case (what the client encodes and the gateway and storage server decode):\n")
     print_table(["G", "context", "hit", "keys", "descriptor bytes", "encode µs / 1k keys", "decode µs / 1k keys"],
@@ -391,9 +410,15 @@ def targets(rows: list[dict]) -> dict[str, bool]:
 
 
 def cold_targets(rows: list[dict]) -> dict[str, bool]:
-    """From a cold page cache, shm should read at the disk's own O_DIRECT limit (90% of its best queue depth)."""
-    return {f"G={r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%} cold: shm ≥ 90% of disk-direct":
-            r["paths"]["ObjectCache-shm"]["vs_disk_direct"] >= 0.9 for r in rows if "disk_direct" in r}
+    """From a cold page cache, shm should read at the disk's own O_DIRECT limit: 90% of its best queue depth
+    (measured after the runs), and 90% of the rate at the server's depth measured right before each run."""
+    met = {}
+    for r in rows:
+        if "disk_direct" in r:
+            case, shm = f"G={r['chunk_tokens']} {r['context'] // 1024}K@{r['hit']:.1%} cold", r["paths"]["ObjectCache-shm"]
+            met[f"{case}: shm ≥ 90% of disk-direct (best depth)"] = shm["vs_disk_direct"] >= 0.9
+            met[f"{case}: shm ≥ 90% of disk-direct at its own depth, measured just before each run"] = shm["vs_disk_direct_just_before"] >= 0.9
+    return met
 
 
 def plot(result: dict, fig) -> None:
