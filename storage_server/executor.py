@@ -126,6 +126,19 @@ def _read_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int
                 raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}")
 
 
+def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s: float, started: float, first_layer_s: float) -> TransferStats:
+    """The END frame's report of a transfer that started at ``started``."""
+    return TransferStats(
+        layer_timeline=[[round(t, 6) for t in times] for times in timeline],
+        mode=plan.mode.name.lower(),
+        payload_bytes=plan.descriptor.payload_bytes,
+        storage_read_s=read_s,
+        delivery_s=deliver_s,
+        total_s=time.perf_counter() - started,
+        first_layer_s=first_layer_s,
+    )
+
+
 def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
     return [crc32c(data[i * layer_bytes : (i + 1) * layer_bytes]) for i in range(layers)]
 
@@ -306,15 +319,7 @@ class Executor:
         except BaseException:
             await asyncio.gather(*submitted, return_exceptions=True)  # no read is still writing when this returns
             raise
-        return TransferStats(
-            layer_timeline=[[round(t, 6) for t in times] for times in timeline],
-            mode=plan.mode.name.lower(),
-            payload_bytes=d.payload_bytes,
-            storage_read_s=read_s,
-            delivery_s=deliver_s,
-            total_s=time.perf_counter() - started,
-            first_layer_s=timeline[0][2] if timeline else 0.0,
-        )
+        return _stats(plan, timeline, read_s, deliver_s, started, timeline[0][2] if timeline else 0.0)
 
     def _direct_pool(self) -> ThreadPoolExecutor:
         if self._direct is None:
@@ -392,12 +397,4 @@ class Executor:
                 await asyncio.gather(*deliveries, return_exceptions=True)
                 raise
             deliver_s, first_layer_s = deliver_time[0], first_ready[0]
-        return TransferStats(
-            layer_timeline=[[round(t, 6) for t in times] for times in timeline],
-            mode=plan.mode.name.lower(),
-            payload_bytes=d.payload_bytes,
-            storage_read_s=read_s,
-            delivery_s=deliver_s,
-            total_s=time.perf_counter() - started,
-            first_layer_s=first_layer_s,
-        )
+        return _stats(plan, timeline, read_s, deliver_s, started, first_layer_s)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -115,3 +117,32 @@ def serving(tmp_path: Path, **storage_server: object) -> Iterator[tuple[ServerPr
         yield proc, tenant, sock
     finally:
         proc.stop()
+
+
+_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port for a server that a test starts on a fixed port (a metrics listener, moto).
+
+    ``bind(0)`` then close is racy under pytest-xdist: the kernel may hand the same port to
+    another worker's ``bind(0)`` or connection before the server binds it. These ports come
+    from below the kernel's ephemeral range (never handed out by ``bind(0)`` or ``connect``),
+    from a slice of it that is this worker's alone, never twice in one process, and are
+    checked free by binding them.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    slot = int(worker[2:]) % 8 if worker[2:].isdigit() else 0
+    low = 20000 + slot * 1500
+    for _ in range(500):
+        port = random.randrange(low, low + 1500)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}..{low + 1500} for {worker}")

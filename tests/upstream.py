@@ -17,15 +17,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from support import free_port
+
 from bench.upstreams import SeaweedFS
 
 KEYS = ("testing", "testing")  # moto accepts any credentials
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MotoServer:

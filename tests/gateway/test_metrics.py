@@ -11,8 +11,8 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_layout
-from metricsupport import free_port, scrape, value
-from support import REPO, ServerProcess, boto_client, make_tenants, write_config
+from metricsupport import scrape, value
+from support import REPO, ServerProcess, boto_client, free_port, make_tenants, write_config
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import pytest
 from botocore.exceptions import ClientError
 from kvsupport import client, keys_for, make_chunks, put_and_fetch, run, tiny_layout
-from metricsupport import free_port, scrape, value
-from support import REPO, ServerProcess, TenantKeys, boto_client, make_tenants, write_config
+from metricsupport import scrape, value
+from support import REPO, ServerProcess, TenantKeys, boto_client, free_port, make_tenants, write_config
 
 from client_sdk import ObjectCacheError
 from protocol.errors import ErrorCode

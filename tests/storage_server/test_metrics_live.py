@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
-from metricsupport import free_port, scrape, value
-from support import boto_client, make_tenants, write_config
+from metricsupport import scrape, value
+from support import boto_client, free_port, make_tenants, write_config
 
 
 @pytest.fixture(scope="module")
