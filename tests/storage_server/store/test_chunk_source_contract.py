@@ -6,6 +6,7 @@ import ctypes
 import os
 
 import pytest
+from storesupport import code_of
 
 from protocol.errors import ErrorCode, S3Error
 from storage_server.store import ChunkHandle
@@ -24,12 +25,6 @@ def read(h: ChunkHandle) -> bytes:
         arena = h.mapped.arena
         assert bytes((ctypes.c_uint8 * h.size).from_address(arena.base + h.mapped.index * arena.slot_bytes + h.offset)) == data
     return data
-
-
-async def code_of(aw) -> ErrorCode:
-    with pytest.raises(S3Error) as e:
-        await aw
-    return e.value.code
 
 
 def test_longest_prefix_counts_leading_stored_keys(opened):

@@ -5,31 +5,12 @@ Run against every backend (the s3 one keeps them at the upstream, where every no
 
 from __future__ import annotations
 
-import pytest
+from storesupport import body, code_of, read_with_meta
 
-from protocol.errors import ErrorCode, S3Error
-from storage_server.store import ObjectStore, PutSpec
+from protocol.errors import ErrorCode
+from storage_server.store import PutSpec
 
 BIG = 5 * 1024 * 1024  # the smallest part size that may be followed by another part
-
-
-async def body(*pieces: bytes):
-    for p in pieces:
-        yield p
-
-
-async def read_all(store: ObjectStore, bucket: str, key: str) -> tuple[bytes, object]:
-    reader = await store.open_object(bucket, key)
-    try:
-        return b"".join([c async for c in reader.stream()]), reader.meta
-    finally:
-        reader.close()
-
-
-async def code_of(aw) -> ErrorCode:
-    with pytest.raises(S3Error) as e:
-        await aw
-    return e.value.code
 
 
 def test_object_tags_are_set_replaced_and_removed_and_reach_copies(opened):
@@ -38,7 +19,7 @@ def test_object_tags_are_set_replaced_and_removed_and_reach_copies(opened):
         put = await store.put_object("bkt", "t", body(b"tagged"), PutSpec(tags={"team": "kv", "tier": "hot"}), "alice")
         assert (await store.head_object("bkt", "t")).tags == {"team": "kv", "tier": "hot"}
         await store.set_object_tags("bkt", "t", {"tier": "cold"})
-        data, meta = await read_all(store, "bkt", "t")
+        data, meta = await read_with_meta(store, "bkt", "t")
         assert data == b"tagged" and meta.tags == {"tier": "cold"} and meta.etag == put.etag  # bytes and version untouched
         await store.copy_object(meta, "bkt", "copy", PutSpec(tags=meta.tags), "alice")
         assert (await store.head_object("bkt", "copy")).tags == {"tier": "cold"}
@@ -58,7 +39,7 @@ def test_an_object_acl_is_kept_changed_and_leaves_everything_else_as_it_was(open
         await store.put_object("bkt", "doc", body(b"readable"), spec, "alice")
         assert (await store.head_object("bkt", "doc")).acl == "public-read"
         await store.set_object_acl("bkt", "doc", "private")
-        data, meta = await read_all(store, "bkt", "doc")
+        data, meta = await read_with_meta(store, "bkt", "doc")
         assert data == b"readable" and meta.acl == "private"
         assert (meta.content_type, meta.user_metadata, meta.tags, meta.owner) == ("text/plain", {"who": "me"}, {"t": "1"}, "alice")
         await store.set_object_acl("bkt", "doc", "public-read")
@@ -67,7 +48,7 @@ def test_an_object_acl_is_kept_changed_and_leaves_everything_else_as_it_was(open
         await store.put_object("bkt", "chunk", body(b"kv bytes"), PutSpec(immutable=True), "alice")
         await store.set_object_acl("bkt", "chunk", "public-read")
         assert await code_of(store.put_object("bkt", "chunk", body(b"changed!"), PutSpec(), "alice")) == ErrorCode.InvalidRequest
-        assert (await read_all(store, "bkt", "chunk"))[0] == b"kv bytes"
+        assert (await read_with_meta(store, "bkt", "chunk"))[0] == b"kv bytes"
         assert await code_of(store.set_object_acl("bkt", "missing", "private")) == ErrorCode.NoSuchKey
 
     opened(scenario)
@@ -81,7 +62,7 @@ def test_a_multipart_objects_part_sizes_are_known_to_head_get_and_copies(opened)
         p2 = await store.upload_part(upload, 2, body(b"tail"), PutSpec())
         done = await store.complete_upload(upload, [(1, p1.etag, {}), (2, p2.etag, {})])
         assert (await store.head_object("bkt", "mp")).part_sizes == (BIG, 4)
-        data, meta = await read_all(store, "bkt", "mp")
+        data, meta = await read_with_meta(store, "bkt", "mp")
         assert len(data) == BIG + 4 and meta.part_sizes == (BIG, 4) and meta.etag == done.etag
         await store.set_object_acl("bkt", "mp", "public-read")  # may rewrite the object: its parts stay known
         assert (await store.head_object("bkt", "mp")).part_sizes == (BIG, 4)

@@ -5,32 +5,13 @@ Bucket names are ones the gateway accepts (3..63 characters): an upstream S3 sto
 
 from __future__ import annotations
 
-import pytest
+from storesupport import body, code_of, read_all
 
-from protocol.errors import ErrorCode, S3Error
-from storage_server.store import ByteRange, ObjectStore, PutSpec
+from protocol.errors import ErrorCode
+from storage_server.store import ByteRange, PutSpec
 
 SPEC = PutSpec()
 BIG = 5 * 1024 * 1024  # the smallest part size that may be followed by another part
-
-
-async def body(*pieces: bytes):
-    for p in pieces:
-        yield p
-
-
-async def read_all(store: ObjectStore, bucket: str, key: str, rng: ByteRange | None = None) -> bytes:
-    reader = await store.open_object(bucket, key)
-    try:
-        return b"".join([c async for c in reader.stream(rng)])
-    finally:
-        reader.close()
-
-
-async def code_of(aw) -> ErrorCode:
-    with pytest.raises(S3Error) as e:
-        await aw
-    return e.value.code
 
 
 def test_buckets_belong_to_their_creator_and_must_be_empty_to_go(opened):
