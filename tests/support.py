@@ -119,6 +119,26 @@ def serving(tmp_path: Path, **storage_server: object) -> Iterator[tuple[ServerPr
         proc.stop()
 
 
+@contextlib.contextmanager
+def split_serving(tmp_path: Path, extra: str = "") -> Iterator[tuple[ServerProcess, ServerProcess, TenantKeys]]:
+    """A storage server and a gateway as separate processes (as under systemd), one tenant, the
+    RPC socket under ``tmp_path`` and ``extra`` lines of ``[storage_server]``; yields (storage, gateway, tenant).
+    The storage server can be stopped and started again on its own."""
+    tenant = make_tenants("t")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
+                          extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n{extra}')
+    storage = ServerProcess(config, command="storage-server").start()
+    try:
+        gateway = ServerProcess(config, command="gateway").start()
+        try:
+            yield storage, gateway, tenant
+        finally:
+            gateway.stop()
+    finally:
+        if storage.proc.poll() is None:
+            storage.stop()
+
+
 _GIVEN: set[int] = set()
 
 

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 from kvsupport import TRANSPORTS, client, keys_for, make_chunks, reference, rpc, run, tiny_layout
-from support import ServerProcess, boto_client, make_tenants, write_config
+from support import ServerProcess, boto_client, free_port, make_tenants, split_serving, write_config
 
 from client_sdk import ObjectCacheError
 
@@ -90,11 +90,7 @@ def test_serve_restarts_a_crashed_storage_server(tmp_path):
 
 
 def test_gateway_reaches_storage_server_over_tcp(tmp_path):
-    import socket as socketlib
-
-    with socketlib.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     tenant = make_tenants("t")[0]
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\ntcp = "127.0.0.1:{port}"\n')
     proc = ServerProcess(config).start()
@@ -119,11 +115,7 @@ def test_gateway_reaches_storage_server_over_tcp(tmp_path):
 def test_a_client_with_several_idle_regions_fetches_after_the_storage_server_restarts(tmp_path):
     """A restarted storage server knows none of the client's regions: the SDK drops them all and
     registers afresh, rather than retrying with another region the server has also forgotten."""
-    tenant = make_tenants("t")[0]
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n')
-    storage = ServerProcess(config, command="storage-server").start()
-    gateway = ServerProcess(config, command="gateway").start()
-    try:
+    with split_serving(tmp_path) as (storage, gateway, tenant):
         boto_client(gateway.endpoint, tenant).create_bucket(Bucket="kvr")
         layout = tiny_layout(16)
         keys, chunks = keys_for(layout, 8, "r"), make_chunks(layout, 8, seed=5)
@@ -138,7 +130,3 @@ def test_a_client_with_several_idle_regions_fetches_after_the_storage_server_res
                 assert np.array_equal(payload, reference(layout, chunks))
 
         run(scenario())
-    finally:
-        gateway.stop()
-        if storage.proc.poll() is None:
-            storage.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from kvsupport import client, keys_for, make_chunks, reference, run
-from support import ServerProcess, boto_client, make_tenants, write_config
+from support import boto_client, split_serving
 
 from client_sdk import KVLayout
 from storage_server.direct_reads import ALIGN, DirectFiles, aligned, group_layers, read_layer_group
@@ -29,18 +29,9 @@ def evict_page_cache(data_dir: Path) -> None:
                 os.close(fd)
 
 
-def cold_node(tmp_path: Path, extra: str = ""):
-    """A storage server and a gateway as separate processes (the storage server restarts with nothing mapped)."""
-    tenant = make_tenants("t")[0]
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant],
-                          extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n{extra}')
-    return tenant, ServerProcess(config, command="storage-server").start(), ServerProcess(config, command="gateway").start()
-
-
 def fetch_cold(tmp_path: Path, extra: str = "", verify: bool = False):
     """Put N chunks, restart the storage server, evict the page cache, fetch over shm twice: (payload, stats) each."""
-    tenant, storage, gateway = cold_node(tmp_path, extra)
-    try:
+    with split_serving(tmp_path, extra) as (storage, gateway, tenant):
         boto_client(gateway.endpoint, tenant).create_bucket(Bucket="cold")
         keys, chunks = keys_for(LAYOUT, N, "cold"), make_chunks(LAYOUT, N, seed=11)
 
@@ -63,9 +54,6 @@ def fetch_cold(tmp_path: Path, extra: str = "", verify: bool = False):
             return out
 
         return reference(LAYOUT, chunks), run(fetch_twice())
-    finally:
-        gateway.stop()
-        storage.stop()
 
 
 def test_a_cold_prefix_is_read_past_the_page_cache_in_layer_order_and_byte_exact(tmp_path):
