@@ -39,11 +39,11 @@ from protocol.errors import ErrorCode, S3Error
 
 from .client import ObjectCacheClient
 from .layout import KVLayout
+from .vllm_connector.config import ENV
 
 log = logging.getLogger("objectcache.lmcache")
 
 PLUGIN = "objectcache"
-ENV = {"endpoint": "AWS_ENDPOINT_URL", "access_key": "AWS_ACCESS_KEY_ID", "secret_key": "AWS_SECRET_ACCESS_KEY", "region": "AWS_DEFAULT_REGION"}
 
 
 def plugin_settings(extra_config: dict[str, Any] | None, plugin_name: str = PLUGIN, environ: dict[str, str] | None = None) -> dict[str, str]:

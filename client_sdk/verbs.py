@@ -118,13 +118,13 @@ class VerbsDestinations(BufferDestinations):
         mine = host_memory(out, payload_bytes) if out is not None else None
         async with self._lock:
             for b in [b for b in self._buffers if not b.busy and b.link.state is QpState.ERROR]:
-                self._buffers.remove(b)  # its connection failed: the server is told of a new one instead
-                self._free(b)
+                self._drop(b)  # its connection failed: the server is told of a new one instead
+            # Every idle buffer left is connected (RTS): only a failure or close changes that, and both mean ERROR.
             if mine is not None:
                 fits = [b for b in self._buffers if b.user and not b.busy and b.buf.ctypes.data == mine.ctypes.data
-                        and b.buf.nbytes == mine.nbytes and b.link.state is QpState.RTS]
+                        and b.buf.nbytes == mine.nbytes]
             else:
-                fits = [b for b in self._buffers if not b.user and not b.busy and b.buf.nbytes >= payload_bytes and b.link.state is QpState.RTS]
+                fits = [b for b in self._buffers if not b.user and not b.busy and b.buf.nbytes >= payload_bytes]
             if fits:
                 b = min(fits, key=lambda b: b.buf.nbytes)
             else:

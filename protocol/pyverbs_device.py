@@ -43,6 +43,7 @@ class PyverbsDevice:
         from pyverbs.pd import PD
 
         self._e = e
+        self._opcodes = {e.IBV_WC_RDMA_WRITE: Opcode.WRITE, e.IBV_WC_RECV_RDMA_WITH_IMM: Opcode.RECV_WITH_IMM}
         if not name:
             devices = get_device_list()
             if not devices:
@@ -137,7 +138,7 @@ class PyverbsDevice:
         n, wcs = cq.poll(num_entries=max_entries)
         out = []
         for wc in wcs[:n]:
-            opcode = {e.IBV_WC_RDMA_WRITE: Opcode.WRITE, e.IBV_WC_RECV_RDMA_WITH_IMM: Opcode.RECV_WITH_IMM}.get(wc.opcode, Opcode.WRITE)
+            opcode = self._opcodes.get(wc.opcode, Opcode.WRITE)
             ok = wc.status == e.IBV_WC_SUCCESS
             out.append(Completion(wc.wr_id, opcode, ok, "success" if ok else f"ibv_wc_status {wc.status}",
                                   wc.imm_data if opcode is Opcode.RECV_WITH_IMM else None))

@@ -35,7 +35,7 @@ log = logging.getLogger("objectcache.vllm")
 @dataclass
 class _Load:
     keys: list[str]
-    chunk_index: torch.Tensor
+    chunk_index: torch.Tensor | None  # None: block i takes chunk i (no key repeats), no gather needed
     block_ids: list[int]
     blocks: torch.Tensor
     ready: list[threading.Event]
@@ -85,7 +85,8 @@ class WorkerSide:
         if not loads or self.layout is None:
             return
         keys, chunk_index, block_ids = merge(loads)
-        job = _Load(keys, torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
+        identity = chunk_index == list(range(len(keys)))
+        job = _Load(keys, None if identity else torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
                     [threading.Event() for _ in range(self.layout.num_layers)])
         self._load = job
 
@@ -107,7 +108,8 @@ class WorkerSide:
                 with job.lock:
                     if job.abandoned:
                         return
-                    self.views[layer][job.blocks] = src[job.chunk_index]
+                    # src[index] copies the layer: only when a chunk feeds several blocks.
+                    self.views[layer][job.blocks] = src if job.chunk_index is None else src[job.chunk_index]
                     job.landed.add(layer)
                 job.ready[layer].set()
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.rdma_token import RdmaToken
-from protocol.verbs import Completion, MemoryRegion, QpLink, Sge, VerbsDevice, VerbsPeer, encode_imm
+from protocol.verbs import TAG_LIMIT, Completion, MemoryRegion, QpLink, QpState, Sge, VerbsDevice, VerbsPeer, encode_imm
 
 CQ_DEPTH = 4096
 SEND_DEPTH = 256  # work requests in flight per queue pair
@@ -74,7 +74,7 @@ class VerbsConnection:
 
     @property
     def broken(self) -> bool:
-        return self.link.state.value == "ERROR"
+        return self.link.state is QpState.ERROR
 
     def matches(self, token: RdmaToken) -> bool:
         """The token's rkey is the client's region's and its QP number the client's queue pair."""
@@ -83,7 +83,7 @@ class VerbsConnection:
 
     def begin(self) -> int:
         """A fresh tag for one kv-get (never 0, so a zeroed immediate matches nothing)."""
-        return (next(self._tags) - 1) % 0xFFFF + 1
+        return (next(self._tags) - 1) % (TAG_LIMIT - 1) + 1
 
     def work_requests(self, segments: Sequence[Sge], offset: int) -> list[WriteRequest]:
         """Bounds-checked against the registered region: the server never writes outside it."""

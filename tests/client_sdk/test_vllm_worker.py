@@ -104,6 +104,22 @@ def test_each_layer_is_in_the_blocks_when_its_wait_returns_while_later_layers_st
         assert not caches[name][untouched].any()
 
 
+def test_two_requests_sharing_a_prefix_fetch_it_once_into_both_requests_blocks(parts):
+    worker, _ = parts
+    keys = chunk_keys(np.arange(2 * T) + 7, T, "worker-shared")
+    saved = _save(worker, keys, [5, 2])
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker()
+    w.start_load([ChunkTransfer("a", tuple(keys), (0, 1)), ChunkTransfer("b", tuple(keys), (3, 6))])
+    for name in NAMES:
+        w.wait_for_layer(name)
+    assert w.failed_blocks() == set()
+    for name in NAMES:
+        for src, dst in [(5, 0), (2, 1), (5, 3), (2, 6)]:
+            assert np.array_equal(caches[name][dst].numpy(), saved[name][src])
+
+
 def test_a_missing_chunk_fails_the_load_and_reports_its_blocks(parts):
     worker, _ = parts
     from client_sdk.vllm_connector.plan import ChunkTransfer
