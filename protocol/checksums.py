@@ -30,48 +30,9 @@ class _Crc:
         return self._value.to_bytes(self._width, "big")
 
 
-# CRC32C (Castagnoli), reflected: combining the CRCs of two adjacent byte runs without reading them again,
-# as zlib's crc32_combine does for CRC-32 (multiplication by x^(8·len) modulo the polynomial, in GF(2)).
-_CRC32C_POLY = 0x82F63B78
-
-
-def _multmodp(a: int, b: int) -> int:
-    """``a·b`` modulo the CRC32C polynomial (reflected bit order)."""
-    m, p = 1 << 31, 0
-    while True:
-        if a & m:
-            p ^= b
-            if not a & (m - 1):
-                return p
-        m >>= 1
-        b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
-
-
-def _x2n_table() -> list[int]:
-    table, p = [], 1 << 30  # x^1
-    for _ in range(32):
-        table.append(p)
-        p = _multmodp(p, p)
-    return table
-
-
-_X2N = _x2n_table()  # x^(2^k) mod P
-
-
-def _x8nmodp(n: int) -> int:
-    """``x^(8n)`` modulo the polynomial: the operator that shifts a CRC past ``n`` zero bytes."""
-    p, k = 1 << 31, 3  # x^0; 8 = 2^3
-    while n:
-        if n & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        n >>= 1
-        k += 1
-    return p
-
-
-def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``: runs checksummed in parallel, joined in order."""
-    return _multmodp(_x8nmodp(len2), crc1) ^ crc2 if len2 else crc1
+# CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``: runs checksummed in parallel, joined
+# in order without reading them again (aws-c-checksums' combine; awscrt >= 0.31).
+crc32c_combine = crt.combine_crc32c
 
 
 def new_checksum(algorithm: str):

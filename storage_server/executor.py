@@ -190,8 +190,9 @@ class Executor:
         else:
             runs = await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest, checksum)
         crc = 0
-        for chunks, run_crc in runs:
-            crc = crc32c_combine(crc, run_crc, chunks * s)
+        if checksum:
+            for chunks, run_crc in runs:
+                crc = crc32c_combine(crc, run_crc, chunks * s)
         return crc
 
     async def run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None = None) -> TransferStats:
@@ -352,7 +353,8 @@ class Executor:
             async def deliver(layer: int, first: int, data: memoryview, piece_crc: int, ends_layer: bool, previous: asyncio.Task | None) -> None:
                 if previous is not None:
                     await previous  # strict order (and the layer's CRC joins the pieces' in order)
-                crc[0] = crc32c_combine(crc[0], piece_crc, len(data))
+                if d.layer_checksums:
+                    crc[0] = crc32c_combine(crc[0], piece_crc, len(data))
                 t = time.perf_counter()
                 await transport.deliver_piece(layer, first, data)
                 if ends_layer:
