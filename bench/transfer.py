@@ -201,20 +201,16 @@ def read_direct(path: Path, depth: int) -> float:
         os.close(fd)
 
 
-def disk_direct_limit(directory: Path, nbytes: int) -> dict:
-    """The disk's own read limit: a file of ``nbytes`` on the store's filesystem, read with aligned
-    ``O_DIRECT`` requests of 1 MiB by 1–32 threads (the queue depth), nothing cached. GB/s by depth."""
-    path = write_probe(directory, nbytes)
-    try:
-        size = os.path.getsize(path)
-        by_depth = {depth: read_direct(path, depth) for depth in DIRECT_DEPTHS}
-    finally:
-        path.unlink(missing_ok=True)
-    return {"gb_per_s_by_queue_depth": by_depth, "best_gb_per_s": max(by_depth.values()), "bytes": size}
+def disk_direct_limit(probe: Path) -> dict:
+    """The disk's own read limit: ``probe`` (a payload-sized file on the store's filesystem, see
+    :func:`write_probe`) read with aligned ``O_DIRECT`` requests of 1 MiB by 1–32 threads (the queue depth). GB/s by depth."""
+    by_depth = {depth: read_direct(probe, depth) for depth in DIRECT_DEPTHS}
+    return {"gb_per_s_by_queue_depth": by_depth, "best_gb_per_s": max(by_depth.values()), "bytes": os.path.getsize(probe)}
 
 
-async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, context: int, hit: float, scale: int, cold: bool = False, repeats: int = 3,
-                   server: list[BenchServer] | None = None) -> dict:
+async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, server: list[BenchServer], g: int, context: int, hit: float, scale: int,
+                   cold: bool = False, repeats: int = 3) -> dict:
+    """One G × context × hit case on every path; ``server`` holds the running server (``--cold`` restarts it)."""
     layout = llama_layout(g, scale)
     n = int(context * hit) // g
     rng = np.random.default_rng(g * 1000 + context)
@@ -246,46 +242,49 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
         measured (a virtual disk's rate drifts between minutes), and each run reports how busy the
         store's disk was and what the server decided."""
         times = []
-        probe = write_probe(server[0].root, w)  # type: ignore[index]
-        try:
-            for _ in range(repeats):
-                srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)  # type: ignore[index]
-                async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
-                    async def fetch(subset: list[str]):
-                        async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
-                            async for _ in layers:
-                                pass
-                        return layers.stats
-                    await fetch(keys[:1])
-                    drop_page_cache()
-                    beside = read_direct(probe, COLD_READ_DEPTH)
-                    busy = DiskBusy(srv.root)
-                    t = time.perf_counter()
-                    stats = await fetch(keys)
-                    times.append(time.perf_counter() - t)
-                    cold_reports.append({"disk_busy": busy.fraction(), "resident_sample": stats.server.resident_sample,
-                                         "direct_read_bytes": stats.server.direct_read_bytes, "read_ahead_bytes": stats.server.read_ahead_bytes,
-                                         "disk_direct_just_before_gb_per_s": beside, "gb_per_s": w / times[-1] / 1e9})
-        finally:
-            probe.unlink(missing_ok=True)
+        for _ in range(repeats):
+            srv = server[0] = server[0].restart(SERVER_TOML, same_port=True)
+            async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket=c.bucket) as fresh:
+                async def fetch(subset: list[str]):
+                    async with fresh.fetch_layers(subset, layout, "shm", mode="layerwise") as layers:
+                        async for _ in layers:
+                            pass
+                    return layers.stats
+                await fetch(keys[:1])
+                drop_page_cache()
+                beside = read_direct(probe, COLD_READ_DEPTH)
+                busy = DiskBusy(srv.root)
+                t = time.perf_counter()
+                stats = await fetch(keys)
+                times.append(time.perf_counter() - t)
+                cold_reports.append({"disk_busy": busy.fraction(), "resident_sample": stats.server.resident_sample,
+                                     "direct_read_bytes": stats.server.direct_read_bytes, "read_ahead_bytes": stats.server.read_ahead_bytes,
+                                     "disk_direct_just_before_gb_per_s": beside, "gb_per_s": w / times[-1] / 1e9})
         return times
 
     async def loopback():
         await asyncio.to_thread(loopback_tcp, dest)
 
     sample = min(RANGE_SAMPLE_LAYERS, layout.num_layers)
-    # The local and shm paths, the ones the targets compare, run side by side first.
-    runs = {
-        "opt-local": await timed(opt_local, repeats),
-        "ObjectCache-shm": await cold_shm() if cold and server else await timed(await via("shm"), repeats),
-        "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest), repeats, cold),
-        "S3-range": [t * layout.num_layers / sample for t in await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample), 1, cold)],
-        "loopback-TCP": await timed(loopback, repeats),
-        "ObjectCache-http": await timed(await via("http"), repeats, cold),
-        "ObjectCache-http-relay": await timed(await via("http", relay), repeats, cold),
-    }
-    if rdma_available()[0]:
-        runs["ObjectCache-rdma"] = await timed(await via("rdma"), repeats, cold)
+    # --cold: one payload-sized file read O_DIRECT beside each cold shm run and, after the runs, at every depth.
+    probe = write_probe(server[0].root, w) if cold else None
+    try:
+        # The local and shm paths, the ones the targets compare, run side by side first.
+        runs = {
+            "opt-local": await timed(opt_local, repeats),
+            "ObjectCache-shm": await cold_shm() if cold else await timed(await via("shm"), repeats),
+            "S3-CW": await timed(lambda: s3_cw(s3, c.bucket, keys, layout, dest), repeats, cold),
+            "S3-range": [t * layout.num_layers / sample for t in await timed(lambda: s3_range(s3, c.bucket, keys, layout, dest, sample), 1, cold)],
+            "loopback-TCP": await timed(loopback, repeats),
+            "ObjectCache-http": await timed(await via("http"), repeats, cold),
+            "ObjectCache-http-relay": await timed(await via("http", relay), repeats, cold),
+        }
+        if rdma_available()[0]:
+            runs["ObjectCache-rdma"] = await timed(await via("rdma"), repeats, cold)
+        disk = disk_direct_limit(probe) if probe is not None else None
+    finally:
+        if probe is not None:
+            probe.unlink(missing_ok=True)
     requests = {"opt-local": 0, "loopback-TCP": 0, "S3-CW": n, "S3-range": n * layout.num_layers, "ObjectCache-http": 1,
                 "ObjectCache-http-relay": 1, "ObjectCache-shm": 1, "ObjectCache-rdma": 1}
     times = {p: statistics.median(r) for p, r in runs.items()}
@@ -296,8 +295,8 @@ async def run_case(c: ObjectCacheClient, relay: ObjectCacheClient, s3, g: int, c
                       "vs_opt_local": times["opt-local"] / t, "vs_s3_cw": times["S3-CW"] / t, "vs_loopback_tcp": times["loopback-TCP"] / t}
                   for p, t in times.items()},
     }
-    if cold and server:
-        row["disk_direct"] = disk_direct_limit(server[0].root, w)
+    if disk is not None:
+        row["disk_direct"] = disk
         shm = row["paths"]["ObjectCache-shm"]
         shm["vs_disk_direct"] = shm["gb_per_s"] / row["disk_direct"]["best_gb_per_s"]
         same = row["disk_direct"]["gb_per_s_by_queue_depth"].get(COLD_READ_DEPTH)
@@ -349,7 +348,7 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
             await c.ensure_bucket()
             async with s3_client(srv.endpoint, srv.access_key, srv.secret_key) as s3:
                 for g, ctx, hit in progress(cases, desc="transfer"):
-                    rows.append(await run_case(c, relay, s3, g, ctx, hit, args.scale, args.cold, args.repeats, server))
+                    rows.append(await run_case(c, relay, s3, server, g, ctx, hit, args.scale, args.cold, args.repeats))
     finally:
         server[0].stop()
     return rows

@@ -28,7 +28,6 @@ class FetchStats:
     direct: bool = False  # http: the frames came from the storage server's data endpoint, not the gateway's relay
     gateway_s: float = 0.0
     client_total_s: float = 0.0
-    first_layer_s: float | None = None
     # When each layer was handed to the caller, seconds from the request (the client's half of the per-layer timeline).
     layer_arrival_s: list[float] = field(default_factory=list)
     server: TransferStats = field(default_factory=TransferStats)
@@ -36,6 +35,11 @@ class FetchStats:
     @property
     def mode(self) -> str:
         return self.server.mode
+
+    @property
+    def first_layer_s(self) -> float | None:
+        """When layer 0 was handed to the caller, seconds from the request (None before it was)."""
+        return self.layer_arrival_s[0] if self.layer_arrival_s else None
 
 
 class LayerDigests:
@@ -144,8 +148,6 @@ class LayerStream:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
                 self._next += 1
                 self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
-                if self.stats.first_layer_s is None:
-                    self.stats.first_layer_s = self.stats.layer_arrival_s[0]
                 return frame.layer, view
             elif frame.type == FrameType.END:
                 self.stats.server = TransferStats.from_json(await self._frames.read_json(frame))

@@ -50,13 +50,16 @@ class DirectFiles:
         self.fds: list[int | None] = [None] * len(pinned)
 
     @classmethod
-    def supported(cls, pinned: list[int]) -> bool:
-        """Whether this filesystem takes O_DIRECT (tmpfs refuses it): one file opened and closed."""
+    def open(cls, pinned: list[int]) -> "DirectFiles | None":
+        """The transfer's direct files, or None where this filesystem refuses O_DIRECT (tmpfs); the first is
+        opened now, as the probe, the others by the readers."""
         try:
-            os.close(_reopen(pinned[0]))
-            return True
+            first = _reopen(pinned[0])
         except (OSError, IndexError):
-            return False
+            return None
+        files = cls(pinned)
+        files.fds[0] = first
+        return files
 
     def fd(self, j: int) -> int:
         """Chunk ``j``'s O_DIRECT descriptor (each index is one reader's: no two threads open the same)."""

@@ -244,7 +244,7 @@ class Executor:
             return None
         if not aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))]):
             return None
-        return DirectFiles(plan.fds) if DirectFiles.supported(plan.fds) else None
+        return DirectFiles.open(plan.fds)
 
     def _warm_later(self, plan: ReadPlan) -> int:
         """Read a cold transfer's chunks into the page cache in the background, within budget; the bytes asked for."""

@@ -20,7 +20,7 @@ from .mapped_files import MappedSlot
 
 class ChunkHandle(NamedTuple):
     """Where one chunk object's bytes can be read: ``size`` bytes of file ``fd`` from ``offset``
-    (and, where the file is mapped, the same bytes at ``mapped``). A tuple: thousands are made per fetch."""
+    (and, where the file is mapped, the same bytes at ``mapped``): one row of :class:`PinnedChunks`' columns."""
 
     fd: int
     offset: int
