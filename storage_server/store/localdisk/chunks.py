@@ -8,9 +8,13 @@ still reads the bytes the transfer was planned with.
 KV chunk objects (immutable, written by kv-put) are capacity the node may give back:
 above ``max_bytes`` of them, the least recently used unpinned ones are deleted, the
 tail of a prefix before its head (:class:`~storage_server.store.cache.lru.LruPolicy`).
-Plain user objects are never evicted and never counted. The policy starts from the
-index (oldest written first); chunks deleted through the gateway are forgotten at the
-next restart, until then they only make the bound stricter.
+Plain user objects are never evicted and never counted. An entry names the exact
+version the bound admitted (bucket, key and the file of those bytes): eviction deletes
+a row only while it is still that immutable chunk, so a chunk deleted through the gateway
+and replaced by a plain object, or a bucket deleted and recreated (by any tenant) with
+an object under the same key, is never touched. The policy starts from the index (oldest
+written first); chunks deleted through the gateway are forgotten at the next restart,
+until then they only make the bound stricter.
 """
 
 from __future__ import annotations
@@ -32,8 +36,15 @@ from .store import LocalDiskStore
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
 
 
-def _name(bucket: str, key: str) -> str:
-    return f"{bucket}\0{key}"
+def _name(bucket: str, key: str, path: str) -> str:
+    """One admitted chunk version: its bucket, its key and the file of its bytes (unique per write)."""
+    return f"{bucket}\0{key}\0{path}"
+
+
+def _version(name: str) -> tuple[str, str, str]:
+    bucket, rest = name.split("\0", 1)
+    key, path = rest.rsplit("\0", 1)  # a key may hold NUL; a bucket name and a path never do
+    return bucket, key, path
 
 
 class LocalDiskChunkSource(ChunkSource):
@@ -43,8 +54,8 @@ class LocalDiskChunkSource(ChunkSource):
         self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
         self.lru = LruPolicy()
-        for bucket, key, size in store.index.chunk_objects():
-            self.lru.add(_name(bucket, key), size)
+        for bucket, key, path, size in store.index.chunk_objects():
+            self.lru.add(_name(bucket, key, path), size)
         self.evicted = 0
         self._trimming: asyncio.Task | None = None
         self.locations = LocationCache(store.index.db_path)
@@ -65,7 +76,7 @@ class LocalDiskChunkSource(ChunkSource):
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
         metas = await self.store.put_many(bucket, [(key, data, CHUNK_SPEC) for key, data in items], owner)
         for m in reversed(metas):  # the head of the prefix is added last: the newest
-            self.lru.add(_name(bucket, m.key), m.size)
+            self.lru.add(_name(bucket, m.key, m.locator), m.size)
         await self._trim()
         return [m.etag for m in metas]
 
@@ -74,27 +85,22 @@ class LocalDiskChunkSource(ChunkSource):
         need = self.lru.used - self.max_bytes
         if need <= 0:
             return
-        by_bucket: dict[str, list[str]] = {}
+        by_bucket: dict[str, list[tuple[str, str]]] = {}
         for name in self.lru.victims(need, partial=True) or []:
             self.lru.remove(name)
-            bucket, key = name.split("\0", 1)
-            by_bucket.setdefault(bucket, []).append(key)
-        for bucket, keys in by_bucket.items():
-            try:
-                await self.store.delete_many(bucket, keys)
-            except S3Error as e:
-                if e.code != ErrorCode.NoSuchBucket:
-                    raise
-            self.evicted += len(keys)
+            bucket, key, path = _version(name)
+            by_bucket.setdefault(bucket, []).append((key, path))
+        for bucket, versions in by_bucket.items():
+            self.evicted += await self.store.evict_chunks(bucket, versions)
 
     async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
         found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
                 raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
-        names = [_name(bucket, k) for k in keys]
-        self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
         paths = [loc[0] for loc in found]  # type: ignore[index]
+        names = [_name(bucket, k, p) for k, p in zip(keys, paths)]
+        self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
         sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
             held = self.files.acquire_held(paths)  # all open and mapped already (a repeated prefix): no thread hop

@@ -297,6 +297,23 @@ class MetadataIndex:
 
         return self._write(tx)
 
+    def evict(self, bucket: str, versions: list[tuple[str, str]]) -> list[str]:
+        """Remove each (key, file) row only if it is still that immutable chunk version; the files removed.
+
+        What the chunk bound admitted may have been deleted and replaced since (a plain object, or
+        a recreated bucket's object under the same key): those rows have other files and stay.
+        """
+        def tx(db: sqlite3.Connection) -> list[str]:
+            paths = []
+            for key, path in versions:
+                row = db.execute("DELETE FROM objects WHERE bucket=? AND key=? AND path=? AND immutable=1 RETURNING path",
+                                 (bucket, key.encode(), path)).fetchone()
+                if row:
+                    paths.append(row[0])
+            return paths
+
+        return self._write(tx)
+
     def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
         """For each key, its file and size (None if absent), in one query per 900 keys."""
         db = self.db
@@ -310,10 +327,10 @@ class MetadataIndex:
                 found[k] = (path, size)
         return [found.get(k) for k in encoded]
 
-    def chunk_objects(self) -> list[tuple[str, str, int]]:
-        """Every immutable KV chunk as (bucket, key, size), oldest written first: what the chunk bound starts from."""
-        rows = self.db.execute("SELECT bucket, key, size FROM objects WHERE immutable=1 ORDER BY mtime")
-        return [(b, k.decode() if isinstance(k, bytes) else k, size) for b, k, size in rows]
+    def chunk_objects(self) -> list[tuple[str, str, str, int]]:
+        """Every immutable KV chunk as (bucket, key, file, size), oldest written first: what the chunk bound starts from."""
+        rows = self.db.execute("SELECT bucket, key, path, size FROM objects WHERE immutable=1 ORDER BY mtime")
+        return [(b, k.decode() if isinstance(k, bytes) else k, path, size) for b, k, path, size in rows]
 
     def referenced_names(self) -> set[str]:
         """The file names object rows point at."""

@@ -162,6 +162,16 @@ class LocalDiskStore(ObjectStore):
 
         await self._run(work)
 
+    async def evict_chunks(self, bucket: str, versions: list[tuple[str, str]]) -> int:
+        """Delete the chunk versions (key, file) that are still current; how many were (see :meth:`MetadataIndex.evict`)."""
+        def work() -> int:
+            paths = self.index.evict(bucket, versions)
+            for path in paths:
+                Path(path).unlink(missing_ok=True)
+            return len(paths)
+
+        return await self._run(work)
+
     async def locate(self, bucket: str, keys: list[str]) -> list[tuple[str, int] | None]:
         """For each key, its file and size (None if absent): what the local chunk source pins."""
         return await self._run(self.index.locate, bucket, keys)
