@@ -5,7 +5,8 @@ They are answered before SigV4, so only the exact requests are probes:
 header. A signed or presigned request to the same path (every S3 request on a
 bucket named ``health`` or ``ready`` carries one) is S3 as always.
 
-``/ready`` is 200 when the object store answers and the storage server answers
+``/ready`` is 200 when the object store answers (:meth:`ObjectStore.probe`: one
+request, however many buckets there are, as anyone may ask) and the storage server answers
 its RPC ``ping`` within :data:`PROBE_TIMEOUT_S`; otherwise, and from the moment
 a drain starts (SIGTERM), it is 503 with the reason in a JSON body, so a load
 balancer stops sending traffic before the listener closes.
@@ -51,7 +52,7 @@ class Health:
     async def _unreachable(self) -> list[str]:
         """What does not answer, checked concurrently."""
         store, storage_server = await asyncio.gather(
-            _check("object store", self.store.list_buckets("", limit=1)),
+            _check("object store", self.store.probe()),
             _check("storage server", self.rpc.call(Op.PING)))
         return [r for r in (store, storage_server) if r]
 

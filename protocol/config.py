@@ -155,8 +155,28 @@ class S3StoreConfig(Section):
     # Bodies above this go upstream as a multipart upload of parts this size (bounds memory per stream);
     # also the largest part a client may send (aws-cli and boto3 send 8 MiB parts).
     part_bytes: int = 8 * 1024 * 1024
+    # How long a process may answer ownership questions from a bucket record it read (the
+    # record decides who owns a bucket and which incarnation it is). 0: read it on every
+    # request, so a bucket deleted and recreated by another tenant through another node is
+    # never served from the old record; above 0 that window is the staleness accepted.
+    bucket_record_ttl_s: float = 0.0
+    # Upstream buckets that exist without ObjectCache's record and that a tenant may claim
+    # with CreateBucket, as "bucket:tenant" entries; any other such bucket is refused
+    # (BucketAlreadyExists), so no tenant can take over what is already in the upstream.
+    adopt_buckets: tuple[str, ...] = ()
+
+    @property
+    def adoptions(self) -> dict[str, str]:
+        """``adopt_buckets`` as bucket -> the tenant that may claim it."""
+        return dict(entry.split(":", 1) for entry in self.adopt_buckets)  # type: ignore[misc]
 
     def validate(self) -> None:
+        self.require(self.bucket_record_ttl_s >= 0, "bucket_record_ttl_s", "must be >= 0")
+        for entry in self.adopt_buckets:
+            bucket, _, tenant = entry.partition(":")
+            self.require(bool(bucket) and bool(tenant), "adopt_buckets", f"{entry!r} is not \"bucket:tenant\"")
+        self.require(len({e.partition(":")[0] for e in self.adopt_buckets}) == len(self.adopt_buckets), "adopt_buckets",
+                     "names a bucket twice")
         self.require(self.max_connections >= 1, "max_connections", "must be at least 1")
         self.require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
         self.require(self.connect_timeout_s > 0, "connect_timeout_s", "must be positive")

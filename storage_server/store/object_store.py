@@ -157,6 +157,10 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def list_buckets(self, owner: str, prefix: str = "", after: str = "", limit: int = 10000) -> list[BucketInfo]: ...
 
+    async def probe(self) -> None:
+        """Whether the store answers (``/ready``): raises if not. A backend whose listing is costly overrides it with one cheap request."""
+        await self.list_buckets("", limit=1)
+
     # -- objects -----------------------------------------------------------
     @abc.abstractmethod
     async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta: ...

@@ -7,10 +7,13 @@ the same way, tags far less uniformly; a conditional ``PUT If-None-Match: *`` ma
 claiming a bucket atomic across nodes; and the marker disappears with the bucket. Keys
 under ``.objectcache/`` are reserved: hidden from listings, refused to tenants.
 
-An upstream bucket without a marker is not an ObjectCache bucket (NoSuchBucket) until a
-tenant creates it through ObjectCache, which claims it. Records are cached per process
-for :data:`TTL_S`, so an ownership check costs an upstream GET at most that often; a
-bucket deleted through another node may be seen that much later.
+An upstream bucket without a marker is not an ObjectCache bucket (NoSuchBucket), and no
+tenant may claim it with CreateBucket (BucketAlreadyExists): it holds someone else's data
+unless the operator names it, with the one tenant who may claim it, in
+``store.s3.adopt_buckets``. Records are read again for every ownership question unless
+``store.s3.bucket_record_ttl_s`` allows a process to reuse one that long: a record is also
+the bucket's incarnation, and a stale one would let a tenant into a bucket deleted and
+recreated by another through another node.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from .upstream import Upstream
 
 RESERVED = ".objectcache/"
 MARKER = RESERVED + "bucket.json"
-TTL_S = 5.0
 _LIST_CONCURRENCY = 16
 
 
@@ -57,9 +59,15 @@ class BucketRecord:
 
 
 class BucketMarkers:
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, ttl_s: float = 0.0, adoptions: dict[str, str] | None = None) -> None:
         self.up = upstream
+        self.ttl_s = ttl_s
+        self.adoptions = adoptions or {}  # upstream bucket without a record -> the tenant who may claim it
         self._cache: dict[str, tuple[BucketRecord, float]] = {}
+
+    def _remember(self, name: str, rec: BucketRecord) -> None:
+        if self.ttl_s > 0:
+            self._cache[name] = (rec, time.monotonic() + self.ttl_s)
 
     async def _read(self, name: str) -> BucketRecord | None:
         """The marker (None if the bucket has none); NoSuchBucket if the upstream has no such bucket."""
@@ -81,7 +89,7 @@ class BucketMarkers:
 
     async def update(self, name: str, **changes: Any) -> None:
         """Change the bucket's record (its tags or ACL): a conditional rewrite of exactly the marker read (``If-Match``), so
-        two nodes changing one bucket at once never undo each other; other nodes see it within :data:`TTL_S`."""
+        two nodes changing one bucket at once never undo each other; other nodes see it at their next read of the record."""
         for _ in range(5):
             found = await self._read_versioned(name)
             if found is None:
@@ -94,7 +102,7 @@ class BucketMarkers:
                 if e.code == ErrorCode.PreconditionFailed:
                     continue  # changed meanwhile by another node: apply this change to what it wrote
                 raise
-            self._cache[name] = (rec, time.monotonic() + TTL_S)
+            self._remember(name, rec)
             return
         raise S3Error(ErrorCode.ServiceUnavailable, f"Bucket {name!r} kept changing while its record was updated; retry.", resource=f"/{name}")
 
@@ -105,7 +113,7 @@ class BucketMarkers:
         rec = await self._read(name)
         if rec is None:
             raise S3Error(ErrorCode.NoSuchBucket, resource=f"/{name}", extra={"BucketName": name})
-        self._cache[name] = (rec, time.monotonic() + TTL_S)
+        self._remember(name, rec)
         return rec
 
     @staticmethod
@@ -114,19 +122,34 @@ class BucketMarkers:
         return S3Error(code, resource=f"/{name}", extra={"BucketName": name})
 
     async def create(self, name: str, owner: str, region: str, upstream_region: str, acl: str = "private") -> None:
-        where = {} if upstream_region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": upstream_region}}
-        try:
-            await self.up.call("create_bucket", Bucket=name, resource=f"/{name}", **where)
-        except S3Error as e:
-            if e.code not in (ErrorCode.BucketAlreadyOwnedByYou, ErrorCode.BucketAlreadyExists):
-                raise
+        """Create the upstream bucket and claim it; a bucket already there is claimed only if the operator adopted it for ``owner``.
+
+        (An upstream "create" of an existing bucket may succeed — us-east-1 answers 200 to its
+        owner — so existence is asked first.)
+        """
+        if await self.up.bucket_exists(name):
+            await self._may_adopt(name, owner)
+        else:
+            where = {} if upstream_region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": upstream_region}}
             try:
-                existing = await self._read(name)
-            except S3Error:
-                raise e from None  # someone else's bucket at the upstream
-            if existing is not None:
-                raise self._taken(name, existing, owner) from None
+                await self.up.call("create_bucket", Bucket=name, resource=f"/{name}", **where)
+            except S3Error as e:
+                if e.code not in (ErrorCode.BucketAlreadyOwnedByYou, ErrorCode.BucketAlreadyExists):
+                    raise
+                await self._may_adopt(name, owner)  # created meanwhile, by another node or outside ObjectCache
         await self.claim(name, BucketRecord(owner, region, time.time(), uuid.uuid4().hex, acl))
+
+    async def _may_adopt(self, name: str, owner: str) -> None:
+        """An existing upstream bucket: the record's answer if it has one, else BucketAlreadyExists unless adopted for ``owner``."""
+        refused = S3Error(ErrorCode.BucketAlreadyExists, resource=f"/{name}", extra={"BucketName": name})
+        try:
+            existing = await self._read(name)
+        except S3Error:
+            raise refused from None  # not readable with ObjectCache's credentials: someone else's bucket
+        if existing is not None:
+            raise self._taken(name, existing, owner)
+        if self.adoptions.get(name) != owner:
+            raise refused
 
     async def claim(self, name: str, rec: BucketRecord) -> None:
         """Write the marker unless one exists (atomic at the upstream: the first claim wins)."""
@@ -140,7 +163,7 @@ class BucketMarkers:
             if existing is None:
                 raise
             raise self._taken(name, existing, rec.owner) from None
-        self._cache[name] = (rec, time.monotonic() + TTL_S)
+        self._remember(name, rec)
 
     async def remove(self, name: str) -> BucketRecord:
         rec = await self.get(name)

@@ -35,7 +35,7 @@ class S3Store(UploadOps, ObjectStore):
     def __init__(self, cfg: S3StoreConfig) -> None:
         self.cfg = cfg
         self.up = Upstream(cfg)
-        self.buckets = BucketMarkers(self.up)
+        self.buckets = BucketMarkers(self.up, cfg.bucket_record_ttl_s, cfg.adoptions)
         self.attempts = PartAttempts()
         # Told (bucket, keys) after keys change through this process, so a chunk cache drops stale copies.
         self.listeners: list[Listener] = []
@@ -72,6 +72,10 @@ class S3Store(UploadOps, ObjectStore):
 
     async def list_buckets(self, owner: str, prefix: str = "", after: str = "", limit: int = 10000) -> list[BucketInfo]:
         return await self.buckets.list(owner, prefix, after, limit)
+
+    async def probe(self) -> None:
+        """Readiness: one upstream ListBuckets, however many buckets there are (no record is read)."""
+        await self.up.call("list_buckets")
 
     # -- objects ---------------------------------------------------------------
     async def _existing(self, bucket: str, key: str) -> Stored | None:

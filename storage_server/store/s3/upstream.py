@@ -113,6 +113,22 @@ class Upstream:
             raise
         return True
 
+    async def bucket_exists(self, bucket: str) -> bool:
+        """Whether the upstream has a bucket of this name, ours or anyone's (a 403 is someone else's bucket)."""
+        client = await self.client()
+        try:
+            await client.head_bucket(Bucket=bucket)
+        except ClientError as e:
+            status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if status == 404:
+                return False
+            if status == 403:
+                return True
+            raise translate(e, ErrorCode.NoSuchBucket, f"/{bucket}") from None
+        except _TRANSPORT_ERRORS as e:
+            raise unavailable(e, f"/{bucket}") from None
+        return True
+
     async def close(self) -> None:
         ctx, self._ctx, self._client = self._ctx, None, None
         if ctx is not None:
