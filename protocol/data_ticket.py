@@ -7,8 +7,9 @@ gateway two socket copies and a chunked re-encoding per byte. With
 a :class:`DirectGrant`: the data endpoint's address and a ticket. The gateway
 has authenticated the request, checked the bucket and validated the
 descriptor; the storage server signed the ticket with a key only it holds
-(random per start), bound to the tenant, the bucket and the SHA-256 of that
-exact descriptor, valid for ``storage_server.data_ticket_ttl_s`` and once.
+(random per start), bound to the tenant, the bucket and the incarnation of it the
+gateway checked (a bucket deleted and recreated, by anyone, is another) and the
+SHA-256 of that exact descriptor, valid for ``storage_server.data_ticket_ttl_s`` and once.
 
 On the data endpoint the client speaks the storage-server RPC envelope
 (:mod:`protocol.rpc`) for one operation: ``{"op": "kv-get", "ticket": …,
@@ -30,7 +31,7 @@ from .errors import ErrorCode, S3Error
 
 HEADER_DIRECT = "x-oc-direct"  # request header of a kv-get: "1" = answer with a DirectGrant if you can
 GRANT_CONTENT_TYPE = "application/x-objectcache-direct-grant+json"
-TICKET_VERSION = 1
+TICKET_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class DataTicket:
 
     tenant: str
     bucket: str
+    bucket_incarnation: str  # the bucket as it was when the ticket was granted (BucketInfo.incarnation)
     request_id: str
     descriptor_sha256: str
     expires: float

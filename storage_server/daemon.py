@@ -44,7 +44,7 @@ class StorageServer:
         self.metrics = StorageServerMetrics(self.kv)
         self._stop_metrics: Callable[[], None] | None = None
         max_body = max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes)
-        self.data = DataEndpoint(config.storage_server, self.kv.get, MAX_DESCRIPTOR_BYTES)
+        self.data = DataEndpoint(config.storage_server, self.kv.get, MAX_DESCRIPTOR_BYTES, self._incarnation)
         self._data_server: asyncio.AbstractServer | None = None
         self.rpc = RpcServer({
             Op.PING: self._ping,
@@ -93,6 +93,9 @@ class StorageServer:
                 continue
             if any(swept.values()) or expired:
                 log.info("housekeeping: %s, dropped %d idle regions", swept, expired)
+
+    async def _incarnation(self, bucket: str) -> str:
+        return (await self.store.get_bucket(bucket)).incarnation
 
     async def _ping(self, call: RpcCall) -> Reply:
         return {"pong": True}

@@ -6,7 +6,7 @@ leaves the process and is drawn afresh at every start, so no secret is shared
 with the gateway or the client. On the data listener, a ``kv-get`` request
 carries the ticket instead of the tenant and bucket the trusted RPC socket
 takes on faith; once the ticket checks out (signature, expiry, first use, the
-descriptor's digest) the request runs through the very same kv-get as the
+descriptor's digest, and the bucket still the incarnation it was granted for) the request runs through the very same kv-get as the
 gateway's, and its reply line and frames go to the client's socket.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protocol.config import StorageServerConfig
@@ -35,8 +35,10 @@ REQUEST_TIMEOUT_S = 10.0
 class DataEndpoint:
     """Issues tickets (for the gateway's RPC) and serves ticketed kv-gets on ``storage_server.data_listen``."""
 
-    def __init__(self, config: StorageServerConfig, kv_get: RpcHandler, max_body: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: StorageServerConfig, kv_get: RpcHandler, max_body: int, incarnation: Callable[[str], Awaitable[str]],
+                 clock: Callable[[], float] = time.time) -> None:
         self.config = config
+        self._incarnation = incarnation  # a bucket's current incarnation (NoSuchBucket if there is none)
         self.clock = clock
         self._key = secrets.token_bytes(32)
         self._used: dict[str, float] = {}  # nonce -> expiry: a ticket is good for one kv-get
@@ -59,7 +61,10 @@ class DataEndpoint:
         if not self.endpoint:
             return {"endpoint": "", "ticket": "", "expires_in_s": 0}
         ttl = self.config.data_ticket_ttl_s
-        t = DataTicket(call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", "")),
+        bucket = call.field("bucket")
+        # The incarnation whose ownership the gateway checked; asked here only of a gateway that does not send it.
+        incarnation = str(call.request.fields.get("bucket_incarnation") or await self._incarnation(bucket))
+        t = DataTicket(call.field("tenant"), bucket, incarnation, str(call.request.fields.get("request_id", "")),
                        descriptor_digest(call.body), self.clock() + ttl, secrets.token_hex(12))
         return {"endpoint": self.endpoint, "ticket": t.sign(self._key), "expires_in_s": ttl}
 
@@ -73,5 +78,13 @@ class DataEndpoint:
         if t.nonce in self._used:
             raise S3Error(ErrorCode.AccessDenied, "The data ticket was already used; ask the gateway again.")
         self._used[t.nonce] = t.expires
+        try:
+            current = await self._incarnation(t.bucket)
+        except S3Error as e:
+            if e.code != ErrorCode.NoSuchBucket:
+                raise
+            current = ""
+        if current != t.bucket_incarnation:
+            raise S3Error(ErrorCode.AccessDenied, f"The data ticket's bucket {t.bucket!r} was deleted since the ticket was issued.")
         fields = {"tenant": t.tenant, "bucket": t.bucket, "request_id": t.request_id}
         return await self._kv_get(replace(call, request=replace(call.request, fields=fields)))

@@ -88,7 +88,8 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
     if transport is None:
         decode_descriptor(body)  # raises the error naming the field
     if transport == TransportKind.HTTP and req.http.headers.get(HEADER_DIRECT) == "1":
-        grant = DirectGrant.from_json(await rpc(req).call(Op.KV_TICKET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id))
+        grant = DirectGrant.from_json(await rpc(req).call(Op.KV_TICKET, body, tenant=req.tenant, bucket=req.bucket, request_id=req.request_id,
+                                                          bucket_incarnation=bucket.incarnation))
         if grant.endpoint:  # else the storage server has no data endpoint: relay as usual
             return web.json_response(grant.to_json(), content_type=GRANT_CONTENT_TYPE,
                                      headers={HEADER_GATEWAY_S: f"{time.perf_counter() - started:.6f}"})

@@ -23,6 +23,9 @@ class BucketInfo:
     region: str
     acl: str = "private"  # a canned ACL
     tags: dict[str, str] = field(default_factory=dict)
+    # This incarnation of the bucket: a bucket deleted and created again (by anyone) has another,
+    # so what was granted for the old one (a data ticket, cached chunks) never reaches the new one.
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

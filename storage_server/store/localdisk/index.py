@@ -13,6 +13,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,7 @@ T = TypeVar("T")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, region TEXT NOT NULL,
-    acl TEXT NOT NULL DEFAULT 'private', tags TEXT NOT NULL DEFAULT '{}'
+    acl TEXT NOT NULL DEFAULT 'private', tags TEXT NOT NULL DEFAULT '{}', id TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS objects (
     bucket TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
@@ -55,16 +56,17 @@ CREATE TABLE IF NOT EXISTS completed_uploads (
 """
 
 COMPLETED_KEPT_S = 86400.0
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATIONS = (
     ("parts", "started", "INTEGER NOT NULL DEFAULT 0"),  # 2: the latest-started upload of a part number counts
     ("objects", "tags", "TEXT NOT NULL DEFAULT '{}'"),  # 3: tagging and canned ACLs
     ("objects", "acl", "TEXT NOT NULL DEFAULT 'private'"),
     ("buckets", "tags", "TEXT NOT NULL DEFAULT '{}'"),
     ("buckets", "acl", "TEXT NOT NULL DEFAULT 'private'"),
+    ("buckets", "id", "TEXT NOT NULL DEFAULT ''"),  # 4: the bucket's incarnation
 )
 OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable, tags, acl"
-BUCKET_COLUMNS = "name, owner, created, region, acl, tags"
+BUCKET_COLUMNS = "name, owner, created, region, acl, tags, id"
 UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
 
 # (path of the published file, its metadata, whether it is an immutable KV chunk)
@@ -99,7 +101,8 @@ def _row_to_meta(r: tuple) -> ObjectMeta:
 
 
 def _row_to_bucket(r: tuple) -> BucketInfo:
-    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
+    # A bucket made before incarnation ids: its creation time stands in (unique to that incarnation in practice).
+    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6] or f"created-{r[2]!r}")
 
 
 def _row_to_upload(r: tuple) -> UploadInfo:
@@ -173,7 +176,8 @@ class MetadataIndex:
             if row is not None:
                 code = ErrorCode.BucketAlreadyOwnedByYou if row[0] == owner else ErrorCode.BucketAlreadyExists
                 raise S3Error(code, resource=f"/{name}", extra={"BucketName": name})
-            db.execute(f"INSERT INTO buckets ({BUCKET_COLUMNS}) VALUES (?,?,?,?,?,?)", (name, owner, time.time(), region, acl, "{}"))
+            db.execute(f"INSERT INTO buckets ({BUCKET_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+                       (name, owner, time.time(), region, acl, "{}", uuid.uuid4().hex))
 
         self._write(tx)
 

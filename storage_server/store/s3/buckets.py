@@ -55,7 +55,7 @@ class BucketRecord:
     tags: dict[str, str] = field(default_factory=dict)
 
     def info(self, name: str) -> BucketInfo:
-        return BucketInfo(name, self.owner, self.created, self.region, self.acl, dict(self.tags))
+        return BucketInfo(name, self.owner, self.created, self.region, self.acl, dict(self.tags), self.id)
 
 
 class BucketMarkers:
