@@ -201,8 +201,15 @@ RDMA_ENGINES = ("nixl", "pyverbs")
 class StorageServerConfig(Section):
     # Unix socket for gateway -> daemon RPC; empty means <data_dir>/storage-server.sock.
     socket: str = ""
-    # Alternatively "host:port" for TCP.
+    # Alternatively "host:port" for TCP. A TCP listener admits only peers that prove they hold the
+    # shared key below (a challenge-response per connection, protocol.rpc_auth); beyond loopback it
+    # refuses to start without one.
     tcp: str = ""
+    # The TCP RPC's shared key, the same on the gateway and the storage server: a file holding it
+    # (readable only by the service user; preferred) or the key itself (e.g. from the environment,
+    # OBJECTCACHE_STORAGE_SERVER_RPC_KEY). At least 16 bytes: `openssl rand -base64 32`.
+    rpc_key_file: str = ""
+    rpc_key: str = ""
     # Bounded read pool for KV range reads (the GIL is released during preadv); 0 = one
     # per CPU core. Warm-cache reads are memory-bound copies, and more threads than cores
     # only contend (measured: 2 threads 6.5 GB/s, 8 threads 3-4 GB/s on 2 cores); raise it
@@ -259,6 +266,13 @@ class StorageServerConfig(Section):
 
     def validate(self) -> None:
         self.require(self.rdma_engine in RDMA_ENGINES, "rdma_engine", f"must be one of {', '.join(RDMA_ENGINES)}")
+        self.require(not (self.rpc_key and self.rpc_key_file), "rpc_key", "rpc_key and rpc_key_file are both set; set one")
+        self.require(not self.rpc_key or len(self.rpc_key.strip().encode()) >= MIN_EXPOSED_SECRET_CHARS, "rpc_key",
+                     f"must be at least {MIN_EXPOSED_SECRET_CHARS} bytes (e.g. `openssl rand -base64 32`)")
+        tcp_host = self.tcp.rpartition(":")[0].strip("[]")
+        self.require(not self.tcp or is_loopback(tcp_host) or bool(self.rpc_key or self.rpc_key_file), "tcp",
+                     f"{self.tcp!r} listens beyond this machine without authentication: set storage_server.rpc_key_file "
+                     "(or rpc_key) on the storage server and the gateway")
         for name in ("data_listen", "data_endpoint"):
             value = getattr(self, name)
             host, _, port = value.rpartition(":")
