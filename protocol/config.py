@@ -256,6 +256,10 @@ class StorageServerConfig(Section):
     data_endpoint: str = ""
     # How long a data ticket stays valid (it is also good for one kv-get only).
     data_ticket_ttl_s: float = 30.0
+    # Data endpoint connections open at once (more are refused and closed; also at most a quarter
+    # of the process's file-descriptor limit), and how long one may take to send its request.
+    data_max_connections: int = 1024
+    data_request_timeout_s: float = 10.0
 
     # The rdma transport's engine: "nixl" (NIXL over UCX: verbs where a device exists, CMA/TCP
     # otherwise; pip install nixl) or "pyverbs" (rdma-core's verbs directly: one RC queue pair per
@@ -281,6 +285,8 @@ class StorageServerConfig(Section):
         self.require(not wildcard or bool(self.data_endpoint), "data_endpoint",
                      "must name the address clients connect to when data_listen binds a wildcard address")
         self.require(self.data_ticket_ttl_s > 0, "data_ticket_ttl_s", "must be > 0")
+        self.require(self.data_max_connections >= 1, "data_max_connections", "must be at least 1")
+        self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")

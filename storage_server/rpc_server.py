@@ -47,6 +47,14 @@ MAX_PENDING_HANDSHAKES = 128
 HeaderCheck = Callable[[RpcRequest], None]
 
 
+class _RefusedUnread(Exception):
+    """A request refused from its line alone; its body was never read, so the connection cannot go on."""
+
+    def __init__(self, error: S3Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 class RpcServer:
     """``request_timeout_s``: how long a connection may take to send a whole request (a network-facing
     listener's bound on idle or slow clients); ``None`` waits for ever (the gateway's trusted socket).
@@ -73,8 +81,13 @@ class RpcServer:
         if not line:
             return None
         request = RpcRequest.decode(line, self.max_body)
-        if self.check_header is not None:
-            self.check_header(request)
+        try:
+            if request.op not in self.handlers:
+                raise S3Error(ErrorCode.InvalidRequest, f"bad RPC request: op {request.op.value!r} is not served on this listener")
+            if self.check_header is not None:
+                self.check_header(request)
+        except S3Error as e:
+            raise _RefusedUnread(e) from None
         body = await reader.readexactly(request.body_bytes) if request.body_bytes else b""
         return request, body
 
@@ -134,6 +147,10 @@ class RpcServer:
             while True:
                 try:
                     read = await asyncio.wait_for(self._read_request(reader), self.request_timeout_s)
+                except _RefusedUnread as refused:  # its body is still in the stream: answer and close
+                    writer.write(encode_error(refused.error))
+                    await writer.drain()
+                    break
                 except S3Error as e:  # a malformed request line: answer, keep serving
                     writer.write(encode_error(e))
                     await writer.drain()
