@@ -236,6 +236,12 @@ class StorageServerConfig(Section):
     # layerwise, the whole payload chunkwise); transfers wait for room. A chunkwise
     # request bigger than this is sent layerwise instead.
     http_staging_bytes: int = 1 << 30
+    # The part of http_staging_bytes one tenant's transfers may hold together (0 < share <= 1): one
+    # tenant cannot take the whole budget from the others.
+    http_staging_tenant_share: float = 0.5
+    # A kv-get whose receiver (the client, or the gateway relaying to it) takes no bytes for this long
+    # is cut off and releases its staging memory.
+    send_stall_s: float = 30.0
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
@@ -293,6 +299,8 @@ class StorageServerConfig(Section):
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
+        self.require(0 < self.http_staging_tenant_share <= 1, "http_staging_tenant_share", "must be in (0, 1]")
+        self.require(self.send_stall_s > 0, "send_stall_s", "must be > 0")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
