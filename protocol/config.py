@@ -221,8 +221,15 @@ RDMA_ENGINES = ("nixl", "pyverbs")
 class StorageServerConfig(Section):
     # Unix socket for gateway -> daemon RPC; empty means <data_dir>/storage-server.sock.
     socket: str = ""
-    # Alternatively "host:port" for TCP.
+    # Alternatively "host:port" for TCP. A TCP listener admits only peers that prove they hold the
+    # shared key below (a challenge-response per connection, protocol.rpc_auth); beyond loopback it
+    # refuses to start without one.
     tcp: str = ""
+    # The TCP RPC's shared key, the same on the gateway and the storage server: a file holding it
+    # (readable only by the service user; preferred) or the key itself (e.g. from the environment,
+    # OBJECTCACHE_STORAGE_SERVER_RPC_KEY). At least 16 bytes: `openssl rand -base64 32`.
+    rpc_key_file: str = ""
+    rpc_key: str = ""
     # Bounded read pool for KV range reads (the GIL is released during preadv); 0 = one
     # per CPU core. Warm-cache reads are memory-bound copies, and more threads than cores
     # only contend (measured: 2 threads 6.5 GB/s, 8 threads 3-4 GB/s on 2 cores); raise it
@@ -249,6 +256,12 @@ class StorageServerConfig(Section):
     # layerwise, the whole payload chunkwise); transfers wait for room. A chunkwise
     # request bigger than this is sent layerwise instead.
     http_staging_bytes: int = 1 << 30
+    # The part of http_staging_bytes one tenant's transfers may hold together (0 < share <= 1): one
+    # tenant cannot take the whole budget from the others.
+    http_staging_tenant_share: float = 0.5
+    # A kv-get whose receiver (the client, or the gateway relaying to it) takes no bytes for this long
+    # is cut off and releases its staging memory.
+    send_stall_s: float = 30.0
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
@@ -269,6 +282,10 @@ class StorageServerConfig(Section):
     data_endpoint: str = ""
     # How long a data ticket stays valid (it is also good for one kv-get only).
     data_ticket_ttl_s: float = 30.0
+    # Data endpoint connections open at once (more are refused and closed; also at most a quarter
+    # of the process's file-descriptor limit), and how long one may take to send its request.
+    data_max_connections: int = 1024
+    data_request_timeout_s: float = 10.0
 
     # The rdma transport's engine: "nixl" (NIXL over UCX: verbs where a device exists, CMA/TCP
     # otherwise; pip install nixl) or "pyverbs" (rdma-core's verbs directly: one RC queue pair per
@@ -279,6 +296,13 @@ class StorageServerConfig(Section):
 
     def validate(self) -> None:
         self.require(self.rdma_engine in RDMA_ENGINES, "rdma_engine", f"must be one of {', '.join(RDMA_ENGINES)}")
+        self.require(not (self.rpc_key and self.rpc_key_file), "rpc_key", "rpc_key and rpc_key_file are both set; set one")
+        self.require(not self.rpc_key or len(self.rpc_key.strip().encode()) >= MIN_EXPOSED_SECRET_CHARS, "rpc_key",
+                     f"must be at least {MIN_EXPOSED_SECRET_CHARS} bytes (e.g. `openssl rand -base64 32`)")
+        tcp_host = self.tcp.rpartition(":")[0].strip("[]")
+        self.require(not self.tcp or is_loopback(tcp_host) or bool(self.rpc_key or self.rpc_key_file), "tcp",
+                     f"{self.tcp!r} listens beyond this machine without authentication: set storage_server.rpc_key_file "
+                     "(or rpc_key) on the storage server and the gateway")
         for name in ("data_listen", "data_endpoint"):
             value = getattr(self, name)
             host, _, port = value.rpartition(":")
@@ -287,12 +311,16 @@ class StorageServerConfig(Section):
         self.require(not wildcard or bool(self.data_endpoint), "data_endpoint",
                      "must name the address clients connect to when data_listen binds a wildcard address")
         self.require(self.data_ticket_ttl_s > 0, "data_ticket_ttl_s", "must be > 0")
+        self.require(self.data_max_connections >= 1, "data_max_connections", "must be at least 1")
+        self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
+        self.require(0 < self.http_staging_tenant_share <= 1, "http_staging_tenant_share", "must be in (0, 1]")
+        self.require(self.send_stall_s > 0, "send_stall_s", "must be > 0")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")

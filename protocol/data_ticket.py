@@ -63,6 +63,7 @@ class DataTicket:
     descriptor_sha256: str
     expires: float
     nonce: str
+    descriptor_bytes: int = -1  # its length: a request announcing another body length is refused before the body is read
 
     def sign(self, key: bytes) -> str:
         payload = _b64(json.dumps({"v": TICKET_VERSION, **asdict(self)}, separators=(",", ":")).encode())

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from protocol.config import Config
 from protocol.rpc import Op
+from protocol.rpc_auth import storage_rpc_key
 
 from .data_endpoint import DataEndpoint
 from .gc_schedule import GcSchedule
@@ -58,6 +59,7 @@ class StorageServer:
             Op.KV_TICKET: self.data.ticket,
             Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
         }, max_body=max_body)
+        self.rpc_key = storage_rpc_key(config.storage_server.rpc_key, config.storage_server.rpc_key_file)
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
@@ -70,7 +72,7 @@ class StorageServer:
         if m.storage_server_port:
             self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
         self._data_server = await self.data.listen()
-        return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp)
+        return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp, self.rpc_key)
 
     async def housekeeping(self) -> None:
         """Free what nobody will release: files left by a crash (once), then periodically

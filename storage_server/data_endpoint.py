@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -22,14 +23,17 @@ from dataclasses import replace
 from protocol.config import StorageServerConfig
 from protocol.data_ticket import DataTicket, descriptor_digest
 from protocol.errors import ErrorCode, S3Error
-from protocol.rpc import MAX_REQUEST_LINE, Op
+from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest
 
 from .rpc_server import Reply, RpcCall, RpcHandler, RpcServer
 
 log = logging.getLogger("objectcache.storage_server.data")
 
-# A client that connected must send its whole request within this (the listener faces the network).
-REQUEST_TIMEOUT_S = 10.0
+
+def connection_cap(configured: int) -> int:
+    """``data_max_connections``, kept within a quarter of the fd limit (chunk files and the RPC need the rest)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(1, min(configured, soft // 4)) if soft > 0 else configured
 
 
 class DataEndpoint:
@@ -43,7 +47,10 @@ class DataEndpoint:
         self._key = secrets.token_bytes(32)
         self._used: dict[str, float] = {}  # nonce -> expiry: a ticket is good for one kv-get
         self._kv_get = kv_get
-        self.rpc = RpcServer({Op.KV_GET: self.get}, max_body=max_body, request_timeout_s=REQUEST_TIMEOUT_S, single_request=True)
+        # The ticket is checked from the request line: a stranger's descriptor is never read into memory.
+        self.rpc = RpcServer({Op.KV_GET: self.get}, max_body=max_body, request_timeout_s=config.data_request_timeout_s,
+                             single_request=True, max_connections=connection_cap(config.data_max_connections),
+                             check_header=self.check_ticket)
         self.endpoint = ""  # the address clients are told, once listening
 
     async def listen(self) -> asyncio.AbstractServer | None:
@@ -65,18 +72,27 @@ class DataEndpoint:
         # The incarnation whose ownership the gateway checked; asked here only of a gateway that does not send it.
         incarnation = str(call.request.fields.get("bucket_incarnation") or await self._incarnation(bucket))
         t = DataTicket(call.field("tenant"), bucket, incarnation, str(call.request.fields.get("request_id", "")),
-                       descriptor_digest(call.body), self.clock() + ttl, secrets.token_hex(12))
+                       descriptor_digest(call.body), self.clock() + ttl, secrets.token_hex(12), len(call.body))
         return {"endpoint": self.endpoint, "ticket": t.sign(self._key), "expires_in_s": ttl}
 
-    async def get(self, call: RpcCall) -> Reply:
-        """A kv-get on the data listener: the ticket stands for the tenant and bucket the gateway vouched for."""
+    def check_ticket(self, request: RpcRequest) -> DataTicket:
+        """The request line's ticket, if it is good (signature, expiry, not used, the announced body length):
+        checked before the body is read."""
         now = self.clock()
-        t = DataTicket.verify(call.field("ticket"), self._key, now)
-        if descriptor_digest(call.body) != t.descriptor_sha256:
-            raise S3Error(ErrorCode.AccessDenied, "The data ticket was issued for another descriptor.")
+        t = DataTicket.verify(request.text("ticket"), self._key, now)
+        if t.descriptor_bytes != request.body_bytes:
+            raise S3Error(ErrorCode.AccessDenied, f"The data ticket was issued for another descriptor ({t.descriptor_bytes} bytes, "
+                          f"not {request.body_bytes}).")
         self._used = {n: e for n, e in self._used.items() if e >= now} if len(self._used) > 1024 else self._used
         if t.nonce in self._used:
             raise S3Error(ErrorCode.AccessDenied, "The data ticket was already used; ask the gateway again.")
+        return t
+
+    async def get(self, call: RpcCall) -> Reply:
+        """A kv-get on the data listener: the ticket stands for the tenant and bucket the gateway vouched for."""
+        t = self.check_ticket(call.request)  # again: another connection may have used it while this body arrived
+        if descriptor_digest(call.body) != t.descriptor_sha256:
+            raise S3Error(ErrorCode.AccessDenied, "The data ticket was issued for another descriptor.")
         self._used[t.nonce] = t.expires
         try:
             current = await self._incarnation(t.bucket)

@@ -100,7 +100,7 @@ class KVService:
         self.chunks = chunks
         self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
         self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
-        self.staging = StagingBudget(ss.http_staging_bytes)
+        self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -179,7 +179,7 @@ class KVService:
         request_id = str(call.request.fields.get("request_id", ""))
         arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
-        frames = FrameSink(call.writer)
+        frames = FrameSink(call.writer, self.config.storage_server.send_stall_s)
         slot = next(self._transfers)
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
@@ -188,7 +188,7 @@ class KVService:
             check_chunk_sizes(d, pinned.sizes)
             plan = plan_transfer(
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
-                staging_budget=self.staging.total, pool_enabled=self.pool is not None,
+                staging_budget=self.staging.per_tenant, pool_enabled=self.pool is not None,
                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
             info = TransferInfo(request_id, tenant, bucket, d, plan)
             # Validation passed: nothing can fail for the client's input from here on.
@@ -233,7 +233,7 @@ class KVService:
 
     async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
         """Run once the transfer's staging memory fits the budget (http); waiting ends if the client leaves."""
-        async with self.staging.hold(info.plan.staging_bytes):
+        async with self.staging.hold(info.plan.staging_bytes, info.tenant):
             return await self._paced(info, reads, transport)
 
     async def _paced(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:

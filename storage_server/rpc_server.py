@@ -10,6 +10,7 @@ never drops the connection with a traceback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +19,7 @@ from typing import Any
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, encode_error, encode_reply
+from protocol.rpc_auth import HANDSHAKE_TIMEOUT_S, SharedKey, server_handshake
 
 log = logging.getLogger("objectcache.storage_server.rpc")
 
@@ -38,19 +40,40 @@ class RpcCall:
 
 
 RpcHandler = Callable[[RpcCall], Awaitable[Reply]]
+# Connections of a keyed listener still in their handshake at once; more are refused (no key holder
+# needs many: the bound is for strangers who connect and say nothing, each for up to HANDSHAKE_TIMEOUT_S).
+MAX_PENDING_HANDSHAKES = 128
+# Checks a request from its line alone, before its body is read (raise S3Error to refuse it unread).
+HeaderCheck = Callable[[RpcRequest], None]
+
+
+class _RefusedUnread(Exception):
+    """A request refused from its line alone; its body was never read, so the connection cannot go on."""
+
+    def __init__(self, error: S3Error) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class RpcServer:
     """``request_timeout_s``: how long a connection may take to send a whole request (a network-facing
     listener's bound on idle or slow clients); ``None`` waits for ever (the gateway's trusted socket).
-    ``single_request``: close each connection after its first reply."""
+    ``single_request``: close each connection after its first reply. ``max_connections``: connections
+    open at once; more are answered ``ServiceUnavailable`` and closed. ``check_header``: runs on each
+    request line before its body is read, so a request refused there costs no body in memory."""
 
     def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int, request_timeout_s: float | None = None,
-                 single_request: bool = False) -> None:
+                 single_request: bool = False, max_connections: int | None = None,
+                 check_header: HeaderCheck | None = None) -> None:
         self.handlers = dict(handlers)
         self.max_body = max_body
         self.request_timeout_s = request_timeout_s
         self.single_request = single_request
+        self.max_connections = max_connections
+        self.check_header = check_header
+        self.connections = 0
+        self.handshaking = 0
+        self.refused = 0
 
     async def _read_request(self, reader: asyncio.StreamReader) -> tuple[RpcRequest, bytes] | None:
         """The next request and its body (``None`` at the end of the stream)."""
@@ -58,6 +81,13 @@ class RpcServer:
         if not line:
             return None
         request = RpcRequest.decode(line, self.max_body)
+        try:
+            if request.op not in self.handlers:
+                raise S3Error(ErrorCode.InvalidRequest, f"bad RPC request: op {request.op.value!r} is not served on this listener")
+            if self.check_header is not None:
+                self.check_header(request)
+        except S3Error as e:
+            raise _RefusedUnread(e) from None
         body = await reader.readexactly(request.body_bytes) if request.body_bytes else b""
         return request, body
 
@@ -76,11 +106,51 @@ class RpcServer:
             log.exception("RPC request failed")
             return encode_error(S3Error(ErrorCode.InternalError, f"storage server error: {e.__class__.__name__}"))
 
-    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: SharedKey | None = None) -> None:
+        """Serve one connection; with ``key``, only after its peer proved it holds the key (:mod:`protocol.rpc_auth`)."""
+        if self.max_connections is not None and self.connections >= self.max_connections:
+            self.refused += 1
+            writer.write(encode_error(S3Error(ErrorCode.ServiceUnavailable, "Too many connections; retry shortly.")))
+            writer.close()
+            return
+        self.connections += 1
+        try:
+            if key is not None and not await self._admitted(reader, writer, key):
+                return
+            await self._serve(reader, writer)
+        finally:
+            self.connections -= 1
+            writer.close()
+
+    async def _admitted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: SharedKey) -> bool:
+        if self.handshaking >= MAX_PENDING_HANDSHAKES:
+            self.refused += 1
+            writer.write(encode_error(S3Error(ErrorCode.ServiceUnavailable, "Too many unauthenticated connections; retry shortly.")))
+            return False
+        self.handshaking += 1
+        try:
+            await asyncio.wait_for(server_handshake(reader, writer, key), HANDSHAKE_TIMEOUT_S)
+            return True
+        except S3Error as e:
+            log.warning("RPC connection from %s refused: %s", writer.get_extra_info("peername"), e.message)
+            writer.write(encode_error(e))
+        except asyncio.TimeoutError:
+            writer.write(encode_error(S3Error(ErrorCode.RequestTimeout, f"no authentication within {HANDSHAKE_TIMEOUT_S:g} s")))
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass  # gone, or a line longer than the stream's limit
+        finally:
+            self.handshaking -= 1
+        return False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 try:
                     read = await asyncio.wait_for(self._read_request(reader), self.request_timeout_s)
+                except _RefusedUnread as refused:  # its body is still in the stream: answer and close
+                    writer.write(encode_error(refused.error))
+                    await writer.drain()
+                    break
                 except S3Error as e:  # a malformed request line: answer, keep serving
                     writer.write(encode_error(e))
                     await writer.drain()
@@ -105,14 +175,17 @@ class RpcServer:
             pass  # shutdown stopped this connection's transfer: closing the stream below is the whole answer
         except ValueError:  # a request line longer than MAX_REQUEST_LINE
             writer.write(encode_error(S3Error(ErrorCode.InvalidRequest, f"bad RPC request: line longer than {MAX_REQUEST_LINE} bytes")))
-        finally:
-            writer.close()
 
-    async def listen(self, socket_path: str, tcp: str = "") -> asyncio.AbstractServer:
-        """Listen on ``tcp`` ("host:port") if given, else on a 0600 Unix socket."""
+    async def listen(self, socket_path: str, tcp: str = "", key: SharedKey | None = None) -> asyncio.AbstractServer:
+        """Listen on ``tcp`` ("host:port") if given, admitting only holders of ``key`` when set; else on a
+        0600 Unix socket (its permissions are its authentication)."""
         if tcp:
             host, _, port = tcp.rpartition(":")
-            return await asyncio.start_server(self.serve_connection, host, int(port), limit=MAX_REQUEST_LINE)
+            if key is None:
+                log.warning("the storage-server RPC listens on %s without a shared key: anyone who can connect "
+                            "can act as any tenant (set storage_server.rpc_key_file)", tcp)
+            serve = functools.partial(self.serve_connection, key=key)
+            return await asyncio.start_server(serve, host.strip("[]"), int(port), limit=MAX_REQUEST_LINE)
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         os.makedirs(os.path.dirname(socket_path) or ".", exist_ok=True)

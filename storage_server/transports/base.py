@@ -22,17 +22,39 @@ from ..regions import RegionRegistry
 class FrameSink:
     """Where frames go: the storage-server RPC stream the gateway relays to the client."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, stall_s: float | None = None) -> None:
         self.writer = writer
         # A written memoryview stays referenced by the transport until it is flushed
         # (uvloop does not copy it), and layer buffers are reused once sent: so drain()
         # must mean "flushed". With both marks at 0 it waits until nothing is queued.
         writer.transport.set_write_buffer_limits(high=0, low=0)
+        self.stall_s = stall_s
 
     async def send(self, *pieces: bytes | memoryview) -> None:
         for p in pieces:
             self.writer.write(p)
-        await self.writer.drain()
+        await self._flushed()
+
+    async def _flushed(self) -> None:
+        """Wait until everything written has left; a receiver that takes no byte for ``stall_s`` is cut off:
+        the connection is aborted (dropping what it still queues, which references staging buffers) and
+        ``ConnectionAbortedError`` ends the transfer, releasing its staging."""
+        if self.stall_s is None:
+            await self.writer.drain()
+            return
+        transport = self.writer.transport
+        queued = transport.get_write_buffer_size()
+        while True:
+            try:
+                await asyncio.wait_for(self.writer.drain(), self.stall_s)
+                return
+            except asyncio.TimeoutError:
+                now = transport.get_write_buffer_size()
+                if now < queued:  # slow but moving: keep waiting
+                    queued = now
+                    continue
+                transport.abort()
+                raise ConnectionAbortedError(f"the receiver took no bytes for {self.stall_s:g} s") from None
 
     async def layer_ready(self, layer: int, offset: int, length: int, checksum: int) -> None:
         await self.send(pack_frame(FrameType.LAYER, layer, offset, length, checksum))

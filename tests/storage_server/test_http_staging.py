@@ -58,7 +58,8 @@ def test_http_transfers_beyond_the_staging_budget_queue_and_a_big_chunkwise_one_
     tenant = make_tenants("t")[0]
     sock = tmp_path / "ss.sock"
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{sock}"\nhttp_staging_bytes = {2 * n * layout.per_layer_chunk_bytes}\n'))
+        f'\n[storage_server]\nsocket = "{sock}"\nhttp_staging_bytes = {2 * n * layout.per_layer_chunk_bytes}\n'
+        'http_staging_tenant_share = 1.0\n'))  # one tenant: the whole budget (per-tenant shares: test_staging_fairness)
     gate = LayerGate()
     proc = InProcessNode(config, pacers=[gate]).start()
     try:
