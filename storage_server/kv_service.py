@@ -142,8 +142,7 @@ class KVService:
         if r.engine != engine:
             raise S3Error(ErrorCode.NotImplemented, f"RDMA engine {r.engine!r} is not this storage server's "
                           f"(storage_server.rdma_engine = {engine!r})", extra={"ArgumentName": "engine"})
-        if not 1 <= r.size <= 1 << 46 or r.addr <= 0:
-            raise S3Error(ErrorCode.InvalidArgument, "addr and size must describe registered memory", extra={"ArgumentName": "size"})
+        r.check()
         link: RdmaLink
         server_end = None
         if engine == "pyverbs":
