@@ -235,6 +235,12 @@ class StorageServerConfig(Section):
     # Bytes of registered shm regions one tenant may have populated (``"populate": true``):
     # the server faults those pages in itself, so they count against its memory.
     populate_max_bytes: int = 32 << 30
+    # Declared bytes of shm regions (registered or with a ticket) one tenant, and all tenants
+    # together, may have: each takes its whole size of the server's address space (128 TiB on
+    # x86-64) however little of it is resident, so sparse memfds could exhaust it. A tenant's
+    # own idle regions are dropped to make room; beyond that a registration is refused (503).
+    shm_max_bytes_per_tenant: int = 1 << 40
+    shm_max_bytes: int = 1 << 44
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
@@ -275,6 +281,8 @@ class StorageServerConfig(Section):
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
+        self.require(self.shm_max_bytes_per_tenant >= 0, "shm_max_bytes_per_tenant", "must be >= 0 (0 = shm refused)")
+        self.require(self.shm_max_bytes >= 0, "shm_max_bytes", "must be >= 0 (0 = shm refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 

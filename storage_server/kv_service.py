@@ -32,7 +32,7 @@ from scheduler.policies import TransferDemand
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .executor import Executor, Pacer, ReadPlan
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
-from .regions import RegionRegistry
+from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource
@@ -99,7 +99,8 @@ class KVService:
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
         self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
-        self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
+        self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes,
+                                      shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
