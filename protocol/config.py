@@ -232,6 +232,10 @@ class StorageServerConfig(Section):
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
+    # Registered regions (shm and rdma) one tenant may have; at the cap its least recently used
+    # idle one is dropped (503 when all are in use). Also bounds the client NIXL agents the
+    # server knows for the tenant: an agent is forgotten with its last region.
+    max_regions_per_tenant: int = 64
     # Bytes of registered shm regions one tenant may have populated (``"populate": true``):
     # the server faults those pages in itself, so they count against its memory.
     populate_max_bytes: int = 32 << 30
@@ -280,6 +284,7 @@ class StorageServerConfig(Section):
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")
         self.require(self.http_staging_bytes >= 1, "http_staging_bytes", "must be at least 1")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.max_regions_per_tenant >= 1, "max_regions_per_tenant", "must be >= 1")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.shm_max_bytes_per_tenant >= 0, "shm_max_bytes_per_tenant", "must be >= 0 (0 = shm refused)")
         self.require(self.shm_max_bytes >= 0, "shm_max_bytes", "must be >= 0 (0 = shm refused)")
