@@ -265,9 +265,19 @@ class StorageServerConfig(Section):
     # Registered shm regions with no transfer for this long are dropped (a crashed
     # client never unregisters); the SDK re-registers transparently.
     region_idle_s: float = 600.0
+    # Registered regions (shm and rdma) one tenant may have; at the cap its least recently used
+    # idle one is dropped (503 when all are in use). Also bounds the client NIXL agents the
+    # server knows for the tenant: an agent is forgotten with its last region.
+    max_regions_per_tenant: int = 64
     # Bytes of registered shm regions one tenant may have populated (``"populate": true``):
     # the server faults those pages in itself, so they count against its memory.
     populate_max_bytes: int = 32 << 30
+    # Declared bytes of shm regions (registered or with a ticket) one tenant, and all tenants
+    # together, may have: each takes its whole size of the server's address space (128 TiB on
+    # x86-64) however little of it is resident, so sparse memfds could exhaust it. A tenant's
+    # own idle regions are dropped to make room; beyond that a registration is refused (503).
+    shm_max_bytes_per_tenant: int = 1 << 40
+    shm_max_bytes: int = 1 << 44
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
@@ -322,7 +332,10 @@ class StorageServerConfig(Section):
         self.require(0 < self.http_staging_tenant_share <= 1, "http_staging_tenant_share", "must be in (0, 1]")
         self.require(self.send_stall_s > 0, "send_stall_s", "must be > 0")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.max_regions_per_tenant >= 1, "max_regions_per_tenant", "must be >= 1")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
+        self.require(self.shm_max_bytes_per_tenant >= 0, "shm_max_bytes_per_tenant", "must be >= 0 (0 = shm refused)")
+        self.require(self.shm_max_bytes >= 0, "shm_max_bytes", "must be >= 0 (0 = shm refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 

@@ -127,6 +127,9 @@ class RegisterTicket(JsonRecord):
     size: int
 
 
+MAX_RDMA_REGION_BYTES = 1 << 46  # one kv-register-rdma region
+ADDRESS_LIMIT = 1 << 64  # [addr, addr+size) must be 64-bit addresses
+DEVICE_LIMIT = 1 << 32  # an engine's device id (NIXL's for host memory is 0)
 QPN_LIMIT = 1 << 24  # verbs QP numbers and PSNs are 24-bit
 GID_BYTES = 16
 
@@ -172,6 +175,20 @@ class RdmaRegisterRequest(JsonRecord):
     agent: str = ""
     device: int = 0
     verbs: VerbsPeer | None = None
+
+    def check(self) -> "RdmaRegisterRequest":
+        """Refuse what no engine could address (InvalidArgument naming the field): a range beyond 64-bit
+        addresses or a device id that is not an unsigned 32-bit number would fail only at the first write."""
+        if not 1 <= self.size <= MAX_RDMA_REGION_BYTES:
+            raise S3Error(ErrorCode.InvalidArgument, f"size {self.size} is outside 1..{MAX_RDMA_REGION_BYTES}", extra={"ArgumentName": "size"})
+        if not 1 <= self.addr <= ADDRESS_LIMIT - self.size:
+            raise S3Error(ErrorCode.InvalidArgument, f"addr {self.addr} with size {self.size} is not a range of 64-bit addresses",
+                          extra={"ArgumentName": "addr"})
+        if not 0 <= self.device < DEVICE_LIMIT:
+            raise S3Error(ErrorCode.InvalidArgument, f"device {self.device} is outside 0..{DEVICE_LIMIT - 1}", extra={"ArgumentName": "device"})
+        if self.verbs is not None:
+            self.verbs.check()
+        return self
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from scheduler.policies import TransferDemand
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .executor import Executor, Pacer, ReadPlan
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
-from .regions import RegionRegistry
+from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource
@@ -99,7 +99,8 @@ class KVService:
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
         self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
-        self.regions = RegionRegistry(populate_max_bytes=ss.populate_max_bytes)
+        self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
+                                      shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
@@ -142,8 +143,7 @@ class KVService:
         if r.engine != engine:
             raise S3Error(ErrorCode.NotImplemented, f"RDMA engine {r.engine!r} is not this storage server's "
                           f"(storage_server.rdma_engine = {engine!r})", extra={"ArgumentName": "engine"})
-        if not 1 <= r.size <= 1 << 46 or r.addr <= 0:
-            raise S3Error(ErrorCode.InvalidArgument, "addr and size must describe registered memory", extra={"ArgumentName": "size"})
+        r.check()
         link: RdmaLink
         server_end = None
         if engine == "pyverbs":
@@ -159,7 +159,7 @@ class KVService:
                 metadata = base64.b64decode(r.agent, validate=True)
             except ValueError:
                 raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
-            link = NixlLink(self._nixl, self._nixl.add_client(metadata), r.addr, r.size, r.device)
+            link = NixlLink(self._nixl, self._nixl.add_client(metadata, call.field("tenant")), r.addr, r.size, r.device)
         tenant = call.field("tenant")
         try:
             region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)
@@ -267,6 +267,7 @@ class KVService:
         """The operator's view of every transfer."""
         return {
             "regions": len(self.regions),
+            "rdma_agents": len(self._nixl.known) if self._nixl is not None else 0,
             "transfers_active": [t.describe() for t in self.active.values()],
             "transfers_completed": self.completed,
             "bytes_delivered": self.bytes_delivered,

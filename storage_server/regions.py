@@ -13,6 +13,12 @@ A client that crashes never unregisters, so a region that has carried no
 transfer for ``idle_s`` seconds is dropped (:meth:`RegionRegistry.expire`),
 and a tenant at its region cap loses its least recently used idle region
 rather than being refused. The SDK re-registers when told ``KVNoSuchRegion``.
+
+Every shm region takes its whole declared size of this process's address space
+whatever its residency (a sealed sparse memfd of 16 TiB costs no memory but 16 TiB
+of mappings), so declared bytes — mapped regions and pending tickets — are bounded
+per tenant and in total (:class:`ShmBudget`): a tenant's own idle regions make room,
+other tenants' never do.
 """
 
 from __future__ import annotations
@@ -34,6 +40,37 @@ from protocol.wire import REGION_ID_BYTES, TOKEN_BYTES
 
 MAX_PENDING_PER_TENANT = 16
 R = TypeVar("R", bound="Region")
+
+
+@dataclass(frozen=True)
+class ShmBudget:
+    """Declared bytes of shm regions (mapped or promised by a ticket): per tenant, and all tenants together."""
+
+    per_tenant: int = 1 << 40
+    total: int = 1 << 44
+
+    def to_drop(self, tenant: str, size: int, firm: int, idle: "list[Region]", others: int) -> "list[Region]":
+        """Which of ``tenant``'s ``idle`` regions (least recently used first) must go so ``size`` more bytes fit,
+        given its ``firm`` bytes (regions in use, pending tickets) and ``others`` (every other tenant's);
+        refused (naming the limit) when dropping them all is not enough."""
+        if size > min(self.per_tenant, self.total):
+            raise S3Error(ErrorCode.InvalidArgument, f"an shm region of {size} bytes is more than the storage server allows "
+                          f"(storage_server.shm_max_bytes_per_tenant = {self.per_tenant}, storage_server.shm_max_bytes = {self.total})",
+                          extra={"ArgumentName": "size"})
+        if firm + size > self.per_tenant:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {firm} bytes of shm regions in use or pending; "
+                          f"{size} more exceed storage_server.shm_max_bytes_per_tenant ({self.per_tenant})")
+        if firm + others + size > self.total:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"the storage server has {firm + others} bytes of shm regions registered; "
+                          f"{size} more exceed storage_server.shm_max_bytes ({self.total}); retry later")
+        drop: list[Region] = []
+        kept = sum(r.size for r in idle)
+        for r in sorted(idle, key=lambda r: r.last_used):
+            if firm + kept + size <= self.per_tenant and firm + kept + others + size <= self.total:
+                break
+            drop.append(r)
+            kept -= r.size
+        return drop
 
 
 @dataclass
@@ -103,10 +140,11 @@ def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
 
 
 class RegionRegistry:
-    def __init__(self, max_regions_per_tenant: int = 64, populate_max_bytes: int = 32 << 30) -> None:
+    def __init__(self, max_regions_per_tenant: int = 64, populate_max_bytes: int = 32 << 30, shm: ShmBudget = ShmBudget()) -> None:
         self._regions: dict[bytes, Region] = {}
         self._tickets: dict[bytes, Ticket] = {}
         self.max_per_tenant = max_regions_per_tenant
+        self.shm = shm
         # Populating faults a tenant's memory in from this process (its pages are charged to the
         # server): bounded per tenant, or one sparse memfd of 64 TiB could exhaust the host.
         self.populate_max_bytes = populate_max_bytes
@@ -125,6 +163,7 @@ class RegionRegistry:
             raise S3Error(ErrorCode.ServiceUnavailable, f"tenant {tenant!r} has {MAX_PENDING_PER_TENANT} registrations pending; complete them first")
         if populate:
             self._check_populate_budget(tenant, size)
+        self.shm.to_drop(tenant, size, *self._shm_claims(tenant))  # refused now if even dropping its idle regions cannot make room
         ticket = Ticket(secrets.token_bytes(TICKET_BYTES), tenant, size, now + TICKET_TTL_S, populate)
         self._tickets[ticket.secret] = ticket
         return ticket
@@ -147,9 +186,29 @@ class RegionRegistry:
         ticket = self._tickets.pop(secret, None)
         if ticket is None or ticket.expires <= now:
             raise S3Error(ErrorCode.AccessDenied, "the registration ticket is unknown, used or expired; ask for a new one")
+        self._tickets = {k: t for k, t in self._tickets.items() if t.expires > now}
+        for r in self.shm.to_drop(ticket.tenant, ticket.size, *self._shm_claims(ticket.tenant)):
+            self._drop(r)
         self._make_room(ticket.tenant)
         mm = map_sealed_memfd(fd, ticket.size)
         return self.admit(lambda rid, token: MappedRegion(rid, token, ticket.tenant, ticket.size, mm=mm, populate=ticket.populate), ticket.tenant)
+
+    def _shm_claims(self, tenant: str) -> tuple[int, list[Region], int]:
+        """Declared shm bytes as :meth:`ShmBudget.to_drop` weighs them: ``tenant``'s that cannot be freed (regions
+        in use, pending tickets), its idle mapped regions, and everyone else's bytes."""
+        firm = sum(t.size for t in self._tickets.values() if t.tenant == tenant)
+        others = sum(t.size for t in self._tickets.values() if t.tenant != tenant)
+        idle: list[Region] = []
+        for r in self._regions.values():
+            if not isinstance(r, MappedRegion):
+                continue  # rdma regions are the client's memory, not this process's address space
+            if r.tenant != tenant:
+                others += r.size
+            elif r.in_use:
+                firm += r.size
+            else:
+                idle.append(r)
+        return firm, idle, others
 
     def _make_room(self, tenant: str) -> None:
         """A tenant at its cap loses its least recently used idle region (refused if all are in use)."""

@@ -3,12 +3,18 @@
 NIXL's UCX backend uses RDMA verbs (RoCE/InfiniBand) where a device exists and CMA or TCP
 otherwise, so the same code runs on any machine. The agent is created on the first RDMA
 registration; ``nixl`` is an optional dependency (``pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1``).
+
+Client agents are known for as long as a registered region uses them (each costs the agent
+about 40 KiB, and a tenant could register thousands of names): the last region's link to go
+forgets the agent, so they are bounded like regions (per tenant, dropped when idle). An
+agent's name belongs to the tenant that registered it first, until it is forgotten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +35,14 @@ def nixl_available() -> tuple[bool, str]:
     return True, ""
 
 
+@dataclass
+class KnownAgent:
+    """A client agent this engine has loaded: whose it is and how many region links use it."""
+
+    tenant: str
+    links: int = 0
+
+
 class NixlEngine:
     def __init__(self, name: str | None = None) -> None:
         ok, why = nixl_available()
@@ -38,14 +52,31 @@ class NixlEngine:
 
         self.agent: Any = nixl_agent(name or f"objectcache-storage-server-{os.getpid()}", nixl_agent_config(backends=[]))
         self.agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
+        self.known: dict[bytes, KnownAgent] = {}
 
-    def add_client(self, metadata: bytes) -> bytes:
-        """Learn a client agent (from its metadata, sent over the control plane); its name."""
+    def add_client(self, metadata: bytes, tenant: str) -> bytes:
+        """Learn a client agent of ``tenant`` (from its metadata, sent over the control plane) for one more
+        region link; its name. Each call is matched by one :meth:`forget`."""
         try:
-            return self.agent.add_remote_agent(metadata)
+            name = self.agent.add_remote_agent(metadata)
         except Exception as e:
             raise S3Error(ErrorCode.InvalidArgument, f"the NIXL agent metadata was refused ({e.__class__.__name__})",
                           extra={"ArgumentName": "agent"}) from None
+        known = self.known.setdefault(name, KnownAgent(tenant))
+        if known.tenant != tenant:
+            raise S3Error(ErrorCode.AccessDenied, "the NIXL agent named in the metadata is another tenant's", extra={"ArgumentName": "agent"})
+        known.links += 1
+        return name
+
+    def forget(self, name: bytes) -> None:
+        """One region link of agent ``name`` is gone; the last one forgets the agent (and its connection)."""
+        known = self.known.get(name)
+        if known is None:
+            return
+        known.links -= 1
+        if known.links <= 0:
+            del self.known[name]
+            self.agent.remove_remote_agent(name)
 
     def register(self, buf: np.ndarray) -> Any:
         return self.agent.register_memory(self.agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM"))
@@ -76,6 +107,7 @@ class NixlLink:
 
     def __init__(self, engine: NixlEngine, agent: bytes, addr: int, size: int, device: int = 0) -> None:
         self.engine, self.agent, self.addr, self.size, self.device = engine, agent, addr, size, device
+        self._closed = False
 
     def register(self, buf: np.ndarray) -> Any:
         return self.engine.register(buf)
@@ -100,4 +132,7 @@ class NixlLink:
         """Nothing: NIXL's write completed only once the bytes landed, and the LAYER frame follows."""
 
     def close(self) -> None:
-        """The agent stays known: other regions of the same client may use it."""
+        """The agent is forgotten with the last region that uses it."""
+        if not self._closed:
+            self._closed = True
+            self.engine.forget(self.agent)

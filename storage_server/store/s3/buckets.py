@@ -40,9 +40,10 @@ def is_reserved(key: str) -> bool:
 
 
 def check_key(bucket: str, key: str) -> None:
-    """A tenant may not write under the reserved prefix."""
+    """A tenant may not write under the reserved prefix (nor name it on the KV path at all)."""
     if is_reserved(key):
-        raise S3Error(ErrorCode.InvalidArgument, f"Keys under {RESERVED!r} are reserved by ObjectCache.", resource=f"/{bucket}/{key}")
+        raise S3Error(ErrorCode.InvalidArgument, f"Keys under {RESERVED!r} are reserved by ObjectCache.", resource=f"/{bucket}/{key}",
+                      extra={"ArgumentName": "key", "Key": key})
 
 
 @dataclass(frozen=True)

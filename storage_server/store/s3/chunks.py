@@ -37,6 +37,7 @@ from protocol.kv_http import CHUNK_CONTENT_TYPE
 from ..cache.chunk_files import ChunkFiles, chunk_id
 from ..chunk_source import ChunkSource, PinnedChunks
 from ..object_store import PutSpec
+from .buckets import check_key
 from .store import S3Store
 from .upstream import body_chunks
 
@@ -70,6 +71,10 @@ class S3ChunkSource(ChunkSource):
         store.listeners.append(self._invalidate)
 
     async def _ids(self, bucket: str, keys: list[str]) -> list[str]:
+        """The cache ids of ``keys``; every KV path (put, lookup, pin) passes here, so here ObjectCache's own
+        records (keys under ``.objectcache/``) are refused, never confirmed nor served as chunks."""
+        for key in keys:
+            check_key(bucket, key)
         bid = self._bucket_ids[bucket] = await self.store.bucket_id(bucket)
         return [chunk_id(bid, k) for k in keys]
 
