@@ -31,6 +31,11 @@ class CannotStart(Exception):
     """Start-up failed for a reason one line explains (no traceback)."""
 
 
+def _say(line: str) -> None:
+    """A line for whoever watches the process (the terminal under ``serve``, the journal under systemd)."""
+    print(f"objectcache: {line}", file=sys.stderr, flush=True)
+
+
 def _listen_error(host: str, port: int, e: OSError) -> CannotStart:
     if e.errno == errno.EADDRINUSE:
         return CannotStart(f"port {port} is already in use ({host}:{port}: another process listens there; "
@@ -87,7 +92,7 @@ def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
 
     async def start():
         try:
-            port, stop = await start_gateway(cfg, open_object_store(cfg))
+            port, stop = await start_gateway(cfg, open_object_store(cfg), say=_say)
         except OSError as e:
             raise _listen_error(cfg.gateway.host, cfg.gateway.port, e) from None
         if dev is not None:
@@ -117,6 +122,9 @@ def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
 
         async def cleanup() -> None:
             server.close()  # no new RPC connections; transfers in flight go on
+            if daemon.kv.active:
+                _say(f"storage server draining: waiting up to {cfg.storage_server.drain_timeout_s:g} s for "
+                     f"{len(daemon.kv.active)} kv-get(s) in flight")
             await daemon.drain(cfg.storage_server.drain_timeout_s)
             await server.wait_closed()
             await daemon.close()
@@ -176,6 +184,9 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
 
     def stop(*_: object) -> None:
         nonlocal stopping
+        if not stopping:
+            _say(f"stopping: the gateway finishes requests in flight (up to {cfg.gateway.drain_timeout_s:g} s), "
+                 "then the storage server its kv-gets")
         stopping = True
         gateway = children.get("gateway")
         if gateway is not None and gateway.poll() is None:
