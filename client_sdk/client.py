@@ -47,6 +47,7 @@ from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
 from .rdma import RdmaDestinations, rdma_available
+from .s3_errors import S3_CALL_ERRORS, client_error_code, from_botocore
 from .stream import FetchStats, LayerStream
 from .verbs import VerbsDestinations
 
@@ -272,14 +273,25 @@ class ObjectCacheClient:
         """Create the bucket if it does not exist yet (plain S3, through aiobotocore).
 
         Only a missing bucket is created; any other answer (403 for a bucket another tenant owns,
-        an outage) is raised as it came, never papered over with a create.
+        a key that signs wrong, an outage) is raised as an ``ObjectCacheError`` naming it, never
+        papered over with a create.
         """
+        what = f"ensure_bucket {self.bucket!r}"
         try:
-            await self.s3.head_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
-                raise
-            await self.s3.create_bucket(Bucket=self.bucket)
+            try:
+                await self.s3.head_bucket(Bucket=self.bucket)
+            except ClientError as e:
+                if client_error_code(e) in ("404", "NoSuchBucket", "NotFound"):
+                    await self.s3.create_bucket(Bucket=self.bucket)
+                elif client_error_code(e) == "403":
+                    # A HEAD's 403 has no body: ask again with a GET whose error body names the cause
+                    # (SignatureDoesNotMatch, InvalidAccessKeyId, AccessDenied for another tenant's bucket).
+                    await self.s3.get_bucket_location(Bucket=self.bucket)
+                    raise
+                else:
+                    raise
+        except S3_CALL_ERRORS as e:
+            raise from_botocore(self.endpoint, what, e) from None
 
     async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
         """Store chunk objects (each bytes-like or ndarray of ``L·S`` bytes, KV_L2TD).

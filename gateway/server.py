@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import HttpVersion11, web
 
 from protocol.config import Config
+from protocol.errors import ErrorCode, S3Error
 from storage_server.store import ObjectStore
 
 from . import access_log, middleware
@@ -36,6 +37,7 @@ METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 log = logging.getLogger("objectcache.gateway")
 
 ROUTER = router.Router(kv_routes.ROUTES, router.ROUTES)
+REPORT_EVERY_S = 5.0  # how often a drain that still waits says so
 
 
 class Gateway:
@@ -53,6 +55,9 @@ class Gateway:
         if is_probe(request):  # before authentication: probes carry no credentials
             st.operation = "Health" if request.raw_path == "/health" else "Ready"
             return await self.health.answer(request)
+        if self.health.draining:
+            # A request on a kept-alive connection after the drain began: not started, retryable elsewhere.
+            raise S3Error(ErrorCode.ServiceUnavailable, "The gateway is shutting down; retry (on another gateway or once it is back).")
         raw_path, _, raw_query = request.raw_path.partition("?")
         addr = st.addr = router.address(raw_path, request.headers.get("Host", ""), self.config.gateway.domains)
         v2_resource = raw_path if addr.path_style else f"/{addr.bucket}{raw_path}"
@@ -88,6 +93,7 @@ def build_app(config: Config, store: ObjectStore) -> web.Application:
     gw = Gateway(config, store, health)
     app = web.Application(client_max_size=1024**3, handler_args={"max_field_size": 65536, "max_line_size": 65536, "auto_decompress": False})
     middleware.install(app)
+    app.on_response_prepare.append(close_when_draining)
     app[STORE_KEY] = store
     app[CONFIG_KEY] = config
     app[kv_handlers.RPC_KEY] = rpc
@@ -104,9 +110,11 @@ def build_app(config: Config, store: ObjectStore) -> web.Application:
     return app
 
 
-async def start_gateway(config: Config, store: ObjectStore, host: str | None = None, port: int | None = None) -> tuple[int, Callable[[], Awaitable[None]]]:
+async def start_gateway(config: Config, store: ObjectStore, host: str | None = None, port: int | None = None,
+                        say: Callable[[str], None] = lambda line: None) -> tuple[int, Callable[[], Awaitable[None]]]:
     """Serve the gateway on ``host:port`` (the config's by default) with the connection guards, and its metrics
-    listener when configured; the port and a stop function that drains (see :func:`drain`)."""
+    listener when configured; the port and a stop function that drains (see :func:`drain`, which tells ``say``
+    what it waits for)."""
     gw = config.gateway
     app = build_app(config, store)
     # handler_cancellation: a client that disconnects cancels its handler at once,
@@ -125,26 +133,59 @@ async def start_gateway(config: Config, store: ObjectStore, host: str | None = N
     stop_metrics = await app[METRICS_KEY].listen(m.host, m.gateway_port) if m.gateway_port else None
 
     async def stop() -> None:
-        await drain(app, listener, runner)
+        await drain(app, listener, runner, say)
         if stop_metrics is not None:
             await stop_metrics()
 
     return bound, stop
 
 
-async def drain(app: web.Application, listener: GuardedListener, runner: web.AppRunner) -> None:
+def _in_flight(runner: web.AppRunner) -> list[str]:
+    """``METHOD /path`` of each request being handled (no query: it may carry a presigned signature)."""
+    conns = runner.server.connections if runner.server else []
+    return [f"{r.method} {r.path}" for r in (c._current_request for c in conns) if r is not None]
+
+
+async def drain(app: web.Application, listener: GuardedListener, runner: web.AppRunner,
+                say: Callable[[str], None] = lambda line: None) -> None:
     """Shut down gracefully: ``/ready`` turns 503 first, then the listener closes (new connections are
-    refused, idle keep-alive ones closed) and requests in flight get ``gateway.drain_timeout_s`` to finish."""
+    refused, idle keep-alive ones closed) and requests in flight get ``gateway.drain_timeout_s`` to finish.
+
+    From the moment draining starts every response says ``Connection: close`` and a request that
+    arrives on a kept-alive connection is answered ``503`` without running (:meth:`Gateway.handle`):
+    a client that keeps its connection open cannot keep feeding a stopping gateway new work.
+    ``say`` gets a line naming what the drain waits for, again every few seconds while it waits.
+    """
     app[HEALTH_KEY].draining = True
     app[METRICS_KEY].draining.set(1)
-    in_flight = sum(1 for c in (runner.server.connections if runner.server else []) if c._current_request is not None)
-    log.info("draining: %d request(s) in flight, up to %g s", in_flight, app[CONFIG_KEY].gateway.drain_timeout_s)
+    timeout = app[CONFIG_KEY].gateway.drain_timeout_s
+    waiting = _in_flight(runner)
+    log.info("draining: %d request(s) in flight, up to %g s", len(waiting), timeout)
+    if waiting:
+        say(f"gateway draining: waiting up to {timeout:g} s for {len(waiting)} request(s) in flight: {', '.join(waiting[:5])}"
+            + (" …" if len(waiting) > 5 else ""))
     await listener.stop()
     # Let responses in flight finish and their last bytes leave the socket buffers before connections close.
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + app[CONFIG_KEY].gateway.drain_timeout_s
+    deadline = loop.time() + timeout
+    next_report = loop.time() + REPORT_EVERY_S
     while loop.time() < deadline and any(
             c._current_request is not None or (c.transport is not None and c.transport.get_write_buffer_size())
             for c in (runner.server.connections if runner.server else [])):
+        if loop.time() >= next_report:
+            waiting, next_report = _in_flight(runner), loop.time() + REPORT_EVERY_S
+            say(f"gateway draining: still waiting for {len(waiting)} request(s), {deadline - loop.time():.0f} s left: "
+                + ", ".join(waiting[:5]))
         await asyncio.sleep(0.05)
+    left = _in_flight(runner)
+    if left:
+        say(f"gateway drain timeout: cutting {len(left)} request(s): {', '.join(left[:5])}")
     await runner.cleanup()
+
+
+async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """While draining, every response ends its connection: ``Connection: close`` said (aiohttp has
+    written its header list by the time this signal runs) and done (the protocol reads ``keep_alive``)."""
+    if request.app[HEALTH_KEY].draining:
+        response.force_close()
+        response.headers["Connection"] = "close"

@@ -13,7 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, with_dev_tenant, write_dev_credentials
+from objectcache.data_lock import DataDirInUse, adopt_lock, lock_data_dir
+from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, recorded_dev_tenant, with_dev_tenant, write_dev_credentials
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
@@ -28,6 +29,11 @@ EXIT_CANNOT_START = 3
 
 class CannotStart(Exception):
     """Start-up failed for a reason one line explains (no traceback)."""
+
+
+def _say(line: str) -> None:
+    """A line for whoever watches the process (the terminal under ``serve``, the journal under systemd)."""
+    print(f"objectcache: {line}", file=sys.stderr, flush=True)
 
 
 def _listen_error(host: str, port: int, e: OSError) -> CannotStart:
@@ -86,7 +92,7 @@ def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
 
     async def start():
         try:
-            port, stop = await start_gateway(cfg, open_object_store(cfg))
+            port, stop = await start_gateway(cfg, open_object_store(cfg), say=_say)
         except OSError as e:
             raise _listen_error(cfg.gateway.host, cfg.gateway.port, e) from None
         if dev is not None:
@@ -104,6 +110,9 @@ def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
     from storage_server.daemon import StorageServer
     from storage_server.store import open_chunk_source, open_object_store
 
+    # Before anything opens the store or its socket: one storage server per data directory.
+    lock_fd = adopt_lock(args.lock_fd, cfg.data_dir) if args.lock_fd is not None else lock_data_dir(cfg.data_dir)
+
     async def start():
         store = open_object_store(cfg)
         daemon = StorageServer(cfg, store, open_chunk_source(cfg, store))
@@ -113,17 +122,23 @@ def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
 
         async def cleanup() -> None:
             server.close()  # no new RPC connections; transfers in flight go on
+            if daemon.kv.active:
+                _say(f"storage server draining: waiting up to {cfg.storage_server.drain_timeout_s:g} s for "
+                     f"{len(daemon.kv.active)} kv-get(s) in flight")
             await daemon.drain(cfg.storage_server.drain_timeout_s)
             await server.wait_closed()
             await daemon.close()
 
         return cleanup
 
-    asyncio.run(_run_until_signal(start))
+    try:
+        asyncio.run(_run_until_signal(start))
+    finally:
+        os.close(lock_fd)
     return 0
 
 
-def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.Popen:
+def _spawn(role: str, args: argparse.Namespace, port: int | None, lock_fd: int | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "objectcache", role]
     if args.config:
         argv += ["--config", args.config]
@@ -134,9 +149,11 @@ def _spawn(role: str, args: argparse.Namespace, port: int | None) -> subprocess.
             argv += ["--host", args.host]
         if port is not None:
             argv += ["--port", str(port)]
+    if lock_fd is not None:
+        argv += ["--lock-fd", str(lock_fd)]
     # The children must not talk to systemd themselves: ``serve`` is the unit's main process and says READY once both are.
     env = dict({k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, pass_fds=() if lock_fd is None else (lock_fd,))
 
 
 def _echo(stream) -> None:
@@ -160,12 +177,16 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
 
 def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
     """Run both processes; keep the gateway up and restart a crashed storage server."""
-    cfg, dev = with_dev_tenant(cfg)
+    # The data directory's lock comes first: a second server refused here has written nothing.
+    lock_fd = lock_data_dir(cfg.data_dir)
     children: dict[str, subprocess.Popen] = {}
     stopping = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
+        if not stopping:
+            _say(f"stopping: the gateway finishes requests in flight (up to {cfg.gateway.drain_timeout_s:g} s), "
+                 "then the storage server its kv-gets")
         stopping = True
         gateway = children.get("gateway")
         if gateway is not None and gateway.poll() is None:
@@ -176,10 +197,12 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        children["storage-server"] = _spawn("storage-server", args, None)
+        children["storage-server"] = _spawn("storage-server", args, None, lock_fd)
         rpc = _await_ready(children["storage-server"], "storage server")
         children["gateway"] = _spawn("gateway", args, args.port)
         endpoint = _await_ready(children["gateway"], "gateway")
+        # The gateway wrote the dev tenant's keys once it had bound its port (it generated them on a first start).
+        dev = None if cfg.tenants else recorded_dev_tenant(cfg)
         print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
@@ -200,7 +223,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
                 time.sleep(delay)
                 if stopping:
                     break
-                children["storage-server"] = _spawn("storage-server", args, None)
+                children["storage-server"] = _spawn("storage-server", args, None, lock_fd)
                 _await_ready(children["storage-server"], "storage server")
                 started = time.monotonic()
                 print("objectcache: storage server is back", flush=True)
@@ -238,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_gateway)
     p = sub.add_parser("storage-server", help="run the storage-server daemon alone")
     _common(p, False)
+    p.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # the data directory's lock, held by `serve`
     p.set_defaults(func=cmd_storage_server)
     # The benchmark harness parses its own arguments: it is imported only when asked for.
     p = sub.add_parser("bench", help="run a benchmark (see README: Benchmarks)", add_help=False)
@@ -255,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"objectcache: configuration error: {e}", file=sys.stderr)
         return 2
-    except CannotStart as e:
+    except (CannotStart, DataDirInUse) as e:
         print(f"objectcache: {e}", file=sys.stderr)
         return EXIT_CANNOT_START
 

@@ -32,24 +32,27 @@ def endpoint_url(host: str, port: int) -> str:
 
 
 def write_dev_credentials(cfg: Config, tenant: Tenant, port: int) -> None:
-    """(Re)write ``<data_dir>/dev-credentials.env`` (mode 0600, replaced atomically).
-
-    ``port`` 0 means the gateway has not bound yet: the endpoint line is left out
-    rather than naming a port nobody listens on; the gateway writes it once it knows.
-    """
+    """(Re)write ``<data_dir>/dev-credentials.env`` (mode 0600, replaced atomically) once ``port`` is bound."""
     path = cfg.data_dir / DEV_CREDENTIALS_FILE
     lines = [
         f"export AWS_ACCESS_KEY_ID={tenant.access_key}",
         f"export AWS_SECRET_ACCESS_KEY={tenant.secret_key}",
         f"export AWS_DEFAULT_REGION={cfg.gateway.region}",
+        f"export AWS_ENDPOINT_URL={endpoint_url(cfg.gateway.host, port)}",
     ]
-    if port:
-        lines.append(f"export AWS_ENDPOINT_URL={endpoint_url(cfg.gateway.host, port)}")
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
     os.replace(tmp, path)
+
+
+def recorded_dev_tenant(cfg: Config) -> Tenant | None:
+    """The development tenant ``<data_dir>/dev-credentials.env`` records, if any."""
+    values = _read(cfg.data_dir / DEV_CREDENTIALS_FILE)
+    ak, sk = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
+    return Tenant("dev", ak, sk) if ak and sk else None
 
 
 def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
@@ -58,15 +61,11 @@ def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
     Its keys are generated once per data directory and kept in
     ``<data_dir>/dev-credentials.env`` (mode 0600), a shell file that also sets
     the region and endpoint, so ``source data/dev-credentials.env`` configures
-    aws-cli and boto3. With ``--port 0`` the endpoint is recorded by the gateway
-    once it has bound (:func:`write_dev_credentials`).
+    aws-cli and boto3. Nothing is written here: the gateway writes the file once it
+    has bound its port (:func:`write_dev_credentials`), so a gateway that cannot
+    listen leaves no file naming a port nobody serves.
     """
     if cfg.tenants:
         return cfg, None
-    values = _read(cfg.data_dir / DEV_CREDENTIALS_FILE)
-    ak = values.get("AWS_ACCESS_KEY_ID") or "OC" + secrets.token_hex(9).upper()
-    sk = values.get("AWS_SECRET_ACCESS_KEY") or secrets.token_urlsafe(30)
-    tenant = Tenant("dev", ak, sk)
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    write_dev_credentials(cfg, tenant, cfg.gateway.port)
+    tenant = recorded_dev_tenant(cfg) or Tenant("dev", "OC" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
     return replace(cfg, tenants=(tenant,)), tenant

@@ -83,6 +83,22 @@ def composite_checksum(algorithm: str, part_values: list[str]) -> str:
     return f"{b64(c.digest())}-{len(part_values)}"
 
 
+_COMBINE = {"CRC32": (crt.combine_crc32, 4), "CRC32C": (crt.combine_crc32c, 4), "CRC64NVME": (crt.combine_crc64nvme, 8)}
+
+
+def full_object_checksum(algorithm: str, parts: list[tuple[str, int]]) -> str | None:
+    """A CRC of the whole object from its parts' (base64 value, size), in order, without reading
+    the bytes again; None for an algorithm that cannot be combined (SHA1, SHA256)."""
+    if algorithm not in _COMBINE:
+        return None
+    combine, width = _COMBINE[algorithm]
+    value = 0
+    for i, (v, size) in enumerate(parts):
+        crc = int.from_bytes(base64.b64decode(v), "big")
+        value = crc if i == 0 else combine(value, crc, size)
+    return b64(value.to_bytes(width, "big"))
+
+
 def verify_digests(d: Digester, expected_md5: bytes | None, expected_checksums: dict[str, str]) -> None:
     """Compare what was received with what the client declared (Content-MD5, x-amz-checksum-*)."""
     if expected_md5 is not None and d.md5.digest() != expected_md5:

@@ -280,6 +280,10 @@ class StorageServerConfig(Section):
     shm_max_bytes: int = 1 << 44
     # How often cached fds of deleted objects are closed and idle regions expire.
     housekeeping_s: float = 10.0
+    # A multipart upload neither completed nor aborted this long after it began is aborted by
+    # housekeeping (S3's AbortIncompleteMultipartUpload for every bucket): an upload cut off by
+    # Ctrl-C or a crashed client otherwise keeps its parts for ever. 0 = never.
+    abort_incomplete_uploads_s: float = 7 * 86400.0
     # On SIGTERM the RPC socket closes and kv-gets in flight get this long to finish.
     drain_timeout_s: float = 30.0
     # The direct data path of http kv-gets ("host:port"; port 0 = any free one): the gateway
@@ -337,6 +341,7 @@ class StorageServerConfig(Section):
         self.require(self.shm_max_bytes_per_tenant >= 0, "shm_max_bytes_per_tenant", "must be >= 0 (0 = shm refused)")
         self.require(self.shm_max_bytes >= 0, "shm_max_bytes", "must be >= 0 (0 = shm refused)")
         self.require(self.housekeeping_s > 0, "housekeeping_s", "must be > 0")
+        self.require(self.abort_incomplete_uploads_s >= 0, "abort_incomplete_uploads_s", "must be >= 0 (0 = never)")
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 
 

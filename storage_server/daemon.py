@@ -25,6 +25,7 @@ from .rdma_objects import RdmaObjects
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
+from .upload_expiry import UploadSweep
 
 log = logging.getLogger("objectcache.storage_server")
 
@@ -84,9 +85,11 @@ class StorageServer:
                 log.warning("housekeeping: removed %d unreferenced object files left by an earlier crash", orphans)
         except Exception:
             log.exception("housekeeping: reclaiming crash leftovers failed (will retry at the next start)")
+        uploads = UploadSweep(self.store, ss.abort_incomplete_uploads_s, ss.housekeeping_s)
         while True:
             await asyncio.sleep(ss.housekeeping_s)
             try:
+                await uploads.maybe_run()
                 swept = await self.chunks.housekeeping()
                 expired = self.kv.regions.expire(ss.region_idle_s)
                 self.gc.housekeeping()

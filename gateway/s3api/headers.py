@@ -102,12 +102,28 @@ def checksum_request(headers: CIMultiDictProxy[str]) -> tuple[dict[str, str], tu
 
 
 def _check_checksum_format(alg: str, v: str) -> None:
+    """A value that is not the algorithm's digest in base64 is ``BadDigest``, as S3 answers."""
     try:
         ok = len(base64.b64decode(v, validate=True)) == CHECKSUM_LENGTHS[alg]
     except binascii.Error:
         ok = False
     if not ok:
-        raise S3Error(ErrorCode.InvalidRequest, f"Value for x-amz-checksum-{alg.lower()} header is invalid.")
+        raise S3Error(ErrorCode.BadDigest, f"Value for x-amz-checksum-{alg.lower()} header is invalid.")
+
+
+def object_checksum_claims(headers: CIMultiDictProxy[str]) -> dict[str, str]:
+    """CompleteMultipartUpload's ``x-amz-checksum-*`` headers: the whole object's value the client
+    computed (COMPOSITE ``<base64>-<parts>`` or FULL_OBJECT ``<base64>``), not its XML body's."""
+    claims = {}
+    for alg in ALGORITHMS:
+        v = headers.get(f"x-amz-checksum-{alg.lower()}")
+        if v is not None:
+            digest, dash, count = v.partition("-")
+            if dash and not count.isdigit():
+                raise S3Error(ErrorCode.BadDigest, f"Value for x-amz-checksum-{alg.lower()} header is invalid.")
+            _check_checksum_format(alg, digest)
+            claims[alg] = v
+    return claims
 
 
 def trailer_checksums(trailer: str | None, trailers: dict[str, str]) -> dict[str, str]:

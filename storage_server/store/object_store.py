@@ -247,6 +247,10 @@ class ObjectStore(abc.ABC):
         return await group_uploads(fetch, prefix, delimiter, key_marker, upload_marker, limit)
 
     # -- housekeeping ------------------------------------------------------
+    async def bucket_names(self) -> list[str]:
+        """Every bucket of every tenant (housekeeping's view: abandoned uploads are aborted in each)."""
+        raise unsupported("bucket_names", self)
+
     async def reclaim_orphans(self) -> int:
         """Delete stored bytes that no metadata references (crash leftovers); returns how many."""
         return 0

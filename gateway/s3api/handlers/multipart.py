@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from protocol.checksums import ALGORITHMS
+from protocol.checksums import ALGORITHMS, composite_checksum, full_object_checksum
 from protocol.errors import ErrorCode, S3Error
 from storage_server.store import ByteRange, ObjectMeta, UploadInfo
 
@@ -75,7 +75,8 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
         if done is None:
             raise
         return _completed(req, done)
-    doc = xml.parse(await req.body_bytes(xml.MAX_REQUEST_XML), "CompleteMultipartUpload")
+    claims = h.object_checksum_claims(req.headers)
+    doc = xml.parse(await req.body_bytes(xml.MAX_REQUEST_XML, object_checksums=True), "CompleteMultipartUpload")
     parts = []
     for p in xml.children(doc, "Part"):
         number, etag = xml.child_text(p, "PartNumber"), xml.child_text(p, "ETag")
@@ -83,7 +84,28 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
             raise S3Error(ErrorCode.MalformedXML, "Each <Part> needs a numeric <PartNumber> and an <ETag>.")
         claimed = {a: v for a in ALGORITHMS if (v := xml.child_text(p, f"Checksum{a}"))}
         parts.append((int(number), etag.strip(), claimed))
+    if claims:
+        await _verify_object_checksums(req, upload, [n for n, _, _ in parts], claims)
     return _completed(req, await req.store.complete_upload(upload, parts))
+
+
+async def _verify_object_checksums(req: S3Request, upload: UploadInfo, numbers: list[int], claims: dict[str, str]) -> None:
+    """The whole object's checksum the client sent with Complete, against the one its parts make
+    (COMPOSITE: the checksum of the parts' checksums; FULL_OBJECT: the parts' CRCs combined), before
+    anything is committed. Where the store does not know a part's checksum (an upstream that does not
+    list them), the store's own value stands."""
+    stored = {p.part_number: p for p in await req.store.list_parts(upload, 0, 10000)}
+    chosen = [stored.get(n) for n in numbers]
+    for alg, claimed in claims.items():
+        values = [p.checksums.get(alg) if p is not None else None for p in chosen]
+        if not all(values):
+            continue
+        if upload.spec.checksum_type == "COMPOSITE":
+            ours = composite_checksum(alg, values)  # type: ignore[arg-type]
+        else:
+            ours = full_object_checksum(alg, [(v, p.size) for v, p in zip(values, chosen)])  # type: ignore[misc, union-attr]
+        if ours is not None and ours != claimed:
+            raise S3Error(ErrorCode.BadDigest, f"The {alg} you specified ({claimed}) did not match the checksum of the parts ({ours}).")
 
 
 def _checksum_type(req: S3Request, alg: str | None) -> str:

@@ -208,6 +208,9 @@ class MetadataIndex:
             (owner, after, len(prefix), prefix, limit))
         return [_row_to_bucket(r) for r in rows]
 
+    def bucket_names(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM buckets ORDER BY name")]
+
     def set_bucket_attribute(self, bucket: str, column: str, value: str) -> None:
         """Replace a bucket's tags (JSON) or canned ACL."""
         assert column in ("tags", "acl")

@@ -288,6 +288,9 @@ class LocalDiskStore(ObjectStore):
     async def list_uploads(self, bucket: str, prefix: str = "", after_key: str = "", after_upload: str = "", limit: int = 1000) -> list[UploadInfo]:
         return await self._run(self.index.list_uploads, bucket, prefix, after_key, after_upload, limit)
 
+    async def bucket_names(self) -> list[str]:
+        return await self._run(self.index.bucket_names)
+
     async def close(self) -> None:
         self._pool.shutdown(wait=True)
 

@@ -77,6 +77,20 @@ class S3Store(UploadOps, ObjectStore):
         """Readiness: one upstream ListBuckets, however many buckets there are (no record is read)."""
         await self.up.call("list_buckets")
 
+    async def bucket_names(self) -> list[str]:
+        """The upstream's buckets that ObjectCache created (those with a bucket record)."""
+        resp = await self.up.call("list_buckets")
+        names = []
+        for b in resp.get("Buckets", []):
+            try:
+                await self.buckets.get(b["Name"])
+            except S3Error as e:
+                if e.code is not ErrorCode.NoSuchBucket:
+                    raise
+                continue
+            names.append(b["Name"])
+        return sorted(names)
+
     # -- objects ---------------------------------------------------------------
     async def _existing(self, bucket: str, key: str) -> Stored | None:
         try:
