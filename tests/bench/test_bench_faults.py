@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support import REPO
 
 
@@ -21,4 +22,6 @@ def test_quick_fault_run_loses_nothing(tmp_path):
     assert len(kills["recovery_s"]) == kills["kills"]  # KV service came back after every kill
     assert crash["acknowledged"] > 0 and crash["intact"] == crash["acknowledged"] and crash["lost"] == 0 and crash["torn_visible"] == 0
     disk = result["disk_full"]
-    assert "skipped" in disk or (disk["consistent"] and 507 in {int(k) for k in disk["statuses"]})
+    if "skipped" in disk:  # said to pytest, so a run that never filled a disk is not reported as a pass
+        pytest.skip(f"the disk-full fault did not run: {disk['skipped']} (the other faults passed)")
+    assert disk["consistent"] and 507 in {int(k) for k in disk["statuses"]}

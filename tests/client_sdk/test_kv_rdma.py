@@ -42,21 +42,24 @@ def test_memory_registered_by_one_tenant_is_never_written_for_another(server, te
 
     async def scenario():
         async with client(server, tenants["alice"], bucket) as alice, client(server, tenants["bob"], "kv-rdma-bob") as bob:
-            await bob.put_chunks(keys, chunks, LAYOUT)
+            bobs = make_chunks(LAYOUT, len(keys), seed=32)  # other bytes under the same keys: a cross-tenant write would show
+            assert not np.array_equal(reference(LAYOUT, bobs), reference(LAYOUT, chunks))
+            await bob.put_chunks(keys, bobs, LAYOUT)
             payload, stats = await alice.fetch(keys, LAYOUT, "rdma")  # registers alice's buffer
             assert stats.transport == "rdma" and np.array_equal(payload, reference(LAYOUT, chunks))
             buffer = alice._destinations[TransportKind.RDMA]._buffers[0]
-            before = bytes(buffer.buf[:64])
+            before = bytes(buffer.buf[: LAYOUT.payload_bytes(40)])
             stolen = Target(TransportKind.RDMA, buffer.region_id, buffer.token, 0, LAYOUT.payload_bytes(40))
             body = encode_descriptor(Descriptor(keys, LAYOUT.num_layers, LAYOUT.chunk_tokens, LAYOUT.per_layer_chunk_bytes, stolen))
             r = signed(server.endpoint, tenants["bob"], "POST", "/kv-rdma-bob?kv-get", body=body)
             assert r.status == 403 and b"AccessDenied" in r.body
-            assert bytes(buffer.buf[:64]) == before
+            assert bytes(buffer.buf[: LAYOUT.payload_bytes(40)]) == before
             outside = Target(TransportKind.RDMA, buffer.region_id, buffer.token, buffer.buf.nbytes - 8, LAYOUT.payload_bytes(40))
             body = encode_descriptor(Descriptor(keys, LAYOUT.num_layers, LAYOUT.chunk_tokens, LAYOUT.per_layer_chunk_bytes, outside))
             r = signed(server.endpoint, tenants["alice"], "POST", f"/{bucket}?kv-get", body=body)
             assert r.status == 400 and b"KVTargetTooSmall" in r.body
-            assert (await bob.fetch(keys, LAYOUT, "rdma"))[0].shape == payload.shape  # bob's own buffer works
+            theirs, _ = await bob.fetch(keys, LAYOUT, "rdma")
+            assert np.array_equal(theirs, reference(LAYOUT, bobs))  # bob's own buffer works, with bob's bytes
 
     run(scenario())
 

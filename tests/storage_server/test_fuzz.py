@@ -47,6 +47,12 @@ def call(path: str, line: bytes, body: bytes = b"") -> dict:
         return reply
 
 
+def assert_same_daemon(server, daemon_pid: int) -> None:
+    """Checked inside every fuzz test (not by a test that would have to run last: under xdist it may not,
+    and on another worker it would compare a fresh pid with itself): nothing crashed or restarted the daemon."""
+    assert rpc(server.rpc_socket, "status")["pid"] == daemon_pid, "the storage server was restarted during this test"
+
+
 def assert_clean(reply: dict) -> None:
     assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
     if not reply["ok"]:
@@ -74,20 +80,23 @@ def mutated(base: bytes):
 
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=512), mutated(valid_descriptor(3))))
-def test_descriptors(server, fuzz_bucket, body):
+def test_descriptors(server, daemon_pid, fuzz_bucket, body):
     assert_clean(call(server.rpc_socket, envelope(Op.KV_GET, body, fuzz_bucket, request_id="fuzz"), body))
+    assert_same_daemon(server, daemon_pid)
 
 
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=512), mutated(b"".join(bytes(p) for p in encode_put_batch([("fuzz/a", b"x" * 32), ("fuzz/b", b"y" * 16)])))))
-def test_put_batches(server, fuzz_bucket, body):
+def test_put_batches(server, daemon_pid, fuzz_bucket, body):
     assert_clean(call(server.rpc_socket, envelope(Op.KV_PUT, body, fuzz_bucket), body))
+    assert_same_daemon(server, daemon_pid)
 
 
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=512), mutated(encode_keys(["fuzz/a", "fuzz/b", "fuzz/c"]))))
-def test_key_lists(server, fuzz_bucket, body):
+def test_key_lists(server, daemon_pid, fuzz_bucket, body):
     assert_clean(call(server.rpc_socket, envelope(Op.KV_LOOKUP, body, fuzz_bucket), body))
+    assert_same_daemon(server, daemon_pid)
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -105,8 +114,5 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 ))
 def test_envelopes(server, daemon_pid, line):
     assert_clean(call(server.rpc_socket, line))
+    assert_same_daemon(server, daemon_pid)
 
-
-def test_the_storage_server_is_still_the_same_process(server, daemon_pid):
-    """Run last in this module: no fuzz case above crashed (or restarted) the daemon."""
-    assert rpc(server.rpc_socket, "status")["pid"] == daemon_pid

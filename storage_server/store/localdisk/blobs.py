@@ -71,6 +71,12 @@ class BlobFiles:
         self.parts_dir = root / "parts"
         for d in (root, self.objects_dir, self.tmp_dir, self.parts_dir):
             d.mkdir(parents=True, exist_ok=True)
+        # Every fan-out directory exists, and its entry is durable, before any object is renamed into
+        # one: a PUT fsyncs only the directory it renames into, never that directory's parent.
+        for i in range(256):
+            (self.objects_dir / f"{i:02x}").mkdir(exist_ok=True)
+        fsync_dir(self.objects_dir)
+        fsync_dir(root)
 
     def new_tmp(self) -> Path:
         return self.tmp_dir / uuid.uuid4().hex
@@ -129,6 +135,7 @@ class BlobFiles:
 
     def make_upload_dir(self, upload_id: str) -> None:
         (self.parts_dir / upload_id).mkdir(exist_ok=True)
+        fsync_dir(self.parts_dir)  # a part's rename fsyncs this new directory, not its entry in parts/
 
     def remove_upload_dir(self, upload_id: str) -> None:
         shutil.rmtree(self.parts_dir / upload_id, ignore_errors=True)
