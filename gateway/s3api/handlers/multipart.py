@@ -67,6 +67,7 @@ async def upload_part_copy(req: S3Request) -> web.Response:
 
 
 async def complete_multipart_upload(req: S3Request) -> web.Response:
+    condition = h.write_condition(req.headers)
     try:
         upload = await _upload(req)
     except S3Error as e:
@@ -83,7 +84,7 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
             raise S3Error(ErrorCode.MalformedXML, "Each <Part> needs a numeric <PartNumber> and an <ETag>.")
         claimed = {a: v for a in ALGORITHMS if (v := xml.child_text(p, f"Checksum{a}"))}
         parts.append((int(number), etag.strip(), claimed))
-    return _completed(req, await req.store.complete_upload(upload, parts))
+    return _completed(req, await req.store.complete_upload(upload, parts, condition))
 
 
 def _checksum_type(req: S3Request, alg: str | None) -> str:
