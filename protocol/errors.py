@@ -32,6 +32,8 @@ class ErrorCode(Enum):
     BucketAlreadyExists = (409, "The requested bucket name is not available.")
     BucketAlreadyOwnedByYou = (409, "Your previous request to create the named bucket succeeded and you already own it.")
     BucketNotEmpty = (409, "The bucket you tried to delete is not empty")
+    ConditionalRequestConflict = (409, "A conflicting operation occurred. If using PutObject you can retry the request. "
+                                       "If using multipart upload you should initiate another CreateMultipartUpload request and re-upload each part.")
     EntityTooLarge = (400, "Your proposed upload exceeds the maximum allowed object size.")
     EntityTooSmall = (400, "Your proposed upload is smaller than the minimum allowed object size.")
     IncompleteBody = (400, "You did not provide the number of bytes specified by the Content-Length HTTP header.")
@@ -56,6 +58,7 @@ class ErrorCode(Enum):
     MethodNotAllowed = (405, "The specified method is not allowed against this resource.")
     MissingContentLength = (411, "You must provide the Content-Length HTTP header.")
     NoSuchBucket = (404, "The specified bucket does not exist")
+    NoSuchBucketPolicy = (404, "The bucket policy does not exist")
     NoSuchKey = (404, "The specified key does not exist.")
     NoSuchVersion = (404, "The specified version does not exist.")
     NoSuchTagSet = (404, "The TagSet does not exist.")

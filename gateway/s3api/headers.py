@@ -11,7 +11,7 @@ from multidict import CIMultiDictProxy
 
 from protocol.checksums import ALGORITHMS
 from protocol.errors import ErrorCode, S3Error
-from storage_server.store import ByteRange, ObjectMeta, PutSpec
+from storage_server.store import ByteRange, ObjectMeta, PutSpec, WriteCondition
 
 from .access import canned_acl, tagging_header
 from .xml import http_date
@@ -229,6 +229,25 @@ def check_conditions(headers: CIMultiDictProxy[str], meta: ObjectMeta, prefix: s
             raise _not_modified(meta, prefix + "If-None-Match", copy_source)
     elif if_mod is not None and mtime <= if_mod:
         raise _not_modified(meta, prefix + "If-Modified-Since", copy_source)
+
+
+def write_condition(headers: CIMultiDictProxy[str]) -> WriteCondition | None:
+    """The condition of a PutObject, CompleteMultipartUpload or CopyObject (its destination), as S3 accepts it:
+    ``If-None-Match: *`` or ``If-Match: <etag>``, one of them. Other forms are 501, as S3 answers them."""
+    if_match, if_none = headers.get("If-Match"), headers.get("If-None-Match")
+    if if_match is None and if_none is None:
+        return None
+    if if_match is not None and if_none is not None:
+        raise S3Error(ErrorCode.NotImplemented, "A write may carry If-Match or If-None-Match, not both.", extra={"Header": "If-Match"})
+    if if_none is not None:
+        if if_none.strip() != "*":
+            raise S3Error(ErrorCode.NotImplemented, "If-None-Match on a write accepts only '*' (write only if the key holds no object).",
+                          extra={"Header": "If-None-Match"})
+        return WriteCondition(if_none_match=True)
+    assert if_match is not None
+    if not if_match.strip():
+        raise S3Error(ErrorCode.InvalidArgument, "If-Match must name an ETag.", extra={"ArgumentName": "If-Match", "ArgumentValue": if_match})
+    return WriteCondition(if_match=if_match.strip())
 
 
 def _not_modified(meta: ObjectMeta, condition: str, copy_source: bool) -> S3Error:

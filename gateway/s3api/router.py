@@ -100,6 +100,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", Level.BUCKET, "GetBucketLocation", buckets.get_bucket_location, query=("location",)),
     Route("GET", Level.BUCKET, "GetBucketVersioning", buckets.get_bucket_versioning, query=("versioning",)),
     Route("PUT", Level.BUCKET, "PutBucketVersioning", buckets.put_bucket_versioning, query=("versioning",)),
+    Route("GET", Level.BUCKET, "GetBucketPolicy", buckets.get_bucket_policy, query=("policy",)),
+    Route("GET", Level.BUCKET, "GetBucketNotificationConfiguration", buckets.get_bucket_notification, query=("notification",)),
     Route("GET", Level.BUCKET, "ListMultipartUploads", multipart.list_multipart_uploads, query=("uploads",)),
     Route("GET", Level.BUCKET, "ListObjectVersions", listing.list_object_versions, query=("versions",)),
     Route("GET", Level.BUCKET, "ListObjectsV2", listing.list_objects_v2, query=("list-type=2",)),

@@ -8,7 +8,7 @@
 
 from .chunk_source import ChunkHandle, ChunkSource, PinnedChunks
 from .factory import open_chunk_source, open_object_store
-from .object_store import BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectStore, PartInfo, PutSpec, UploadInfo
+from .object_store import BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectStore, PartInfo, PutSpec, UploadInfo, WriteCondition
 
 __all__ = [
     "BucketInfo",
@@ -22,6 +22,7 @@ __all__ = [
     "PinnedChunks",
     "PutSpec",
     "UploadInfo",
+    "WriteCondition",
     "open_chunk_source",
     "open_object_store",
 ]

@@ -73,6 +73,16 @@ class PutSpec:
 
 
 @dataclass(frozen=True)
+class WriteCondition:
+    """S3's conditional write (PutObject, CompleteMultipartUpload, CopyObject): ``If-None-Match: *`` (the key holds no
+    object) or ``If-Match: <etag>`` (its current version has this ETag). Stores check it atomically with the write
+    (:func:`~storage_server.store.rules.check_write_condition`), so of concurrent writers exactly the ones it allows land."""
+
+    if_none_match: bool = False
+    if_match: str | None = None  # as sent: quoted or not, or "*" for any current version
+
+
+@dataclass(frozen=True)
 class ListPage:
     objects: list[ObjectMeta]
     common_prefixes: list[str]
@@ -166,7 +176,9 @@ class ObjectStore(abc.ABC):
 
     # -- objects -----------------------------------------------------------
     @abc.abstractmethod
-    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta: ...
+    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str,
+                         condition: WriteCondition | None = None) -> ObjectMeta:
+        """Store ``body`` as the key's object; with ``condition``, only if it holds at the commit (else 412/404/409)."""
 
     async def put_many(self, bucket: str, items: list[tuple[str, bytes | memoryview, PutSpec]], owner: str) -> list[ObjectMeta]:
         """Store many small objects; all are durable before it returns. Backends override it to amortise durability."""
@@ -185,7 +197,8 @@ class ObjectStore(abc.ABC):
         for key in keys:
             await self.delete_object(bucket, key)
 
-    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
+    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str,
+                          condition: WriteCondition | None = None) -> ObjectMeta:
         raise unsupported("CopyObject", self)
 
     @abc.abstractmethod
@@ -207,8 +220,9 @@ class ObjectStore(abc.ABC):
     async def list_parts(self, upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]:
         raise unsupported("ListParts", self)
 
-    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta:
-        """``parts``: (part number, ETag, checksums the client claims) in request order."""
+    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]],
+                              condition: WriteCondition | None = None) -> ObjectMeta:
+        """``parts``: (part number, ETag, checksums the client claims) in request order; ``condition`` as for :meth:`put_object`."""
         raise unsupported("CompleteMultipartUpload", self)
 
     async def abort_upload(self, upload: UploadInfo) -> None:

@@ -1,4 +1,4 @@
-"""S3 rules that hold whatever the store: immutable KV chunks, multipart completion, common-prefix grouping.
+"""S3 rules that hold whatever the store: conditional writes, immutable KV chunks, multipart completion, common-prefix grouping.
 
 Pure functions of records, so every backend applies them the same way and they
 are tested without a store.
@@ -14,7 +14,7 @@ from typing import TypeVar
 from protocol.checksums import Digester, composite_checksum, verify_digests
 from protocol.errors import ErrorCode, S3Error
 
-from .object_store import ObjectMeta, PartInfo, PutSpec, UploadInfo
+from .object_store import ObjectMeta, PartInfo, PutSpec, UploadInfo, WriteCondition
 
 MIN_PART_SIZE = 5 * 1024**2
 MAX_PUT_SIZE = 5 * 1024**3
@@ -32,6 +32,38 @@ def verify_received(spec: PutSpec, d: Digester) -> None:
     if spec.late_checksums is not None:
         expected.update(spec.late_checksums())
     verify_digests(d, spec.expected_md5, expected)
+
+
+# -- conditional writes ------------------------------------------------------------------------
+
+def etag_matches(wanted: str, etag: str) -> bool:
+    """An If-Match value against an ETag: quotes are not significant (S3 compares the values), ``*`` matches any."""
+    return wanted.strip() == "*" or wanted.strip().strip('"') == etag.strip('"')
+
+
+def check_write_condition(condition: WriteCondition | None, current: ObjectMeta | None, bucket: str, key: str,
+                          committing: bool = False) -> None:
+    """Whether a conditional write may replace ``current`` (None: the key holds no object), as S3 answers.
+
+    Stores check twice: when the request starts (a failure then costs no body) and again inside the
+    commit, atomically with every other write of the key. ``If-None-Match: *`` on an existing object and
+    ``If-Match`` on another ETag are 412. ``If-Match`` on a missing key is 404 NoSuchKey at the start; at
+    the commit (it held at the start) it means the object was deleted while the write was in flight, which
+    S3 answers 409 ConditionalRequestConflict so that the client re-reads and retries.
+    """
+    if condition is None:
+        return
+    resource = f"/{bucket}/{key}"
+    if condition.if_none_match and current is not None:
+        raise S3Error(ErrorCode.PreconditionFailed, resource=resource, extra={"Condition": "If-None-Match"})
+    if condition.if_match is None:
+        return
+    if current is None:
+        if committing:
+            raise S3Error(ErrorCode.ConditionalRequestConflict, resource=resource, extra={"Key": key})
+        raise S3Error(ErrorCode.NoSuchKey, resource=resource, extra={"Key": key})
+    if not etag_matches(condition.if_match, current.etag):
+        raise S3Error(ErrorCode.PreconditionFailed, resource=resource, extra={"Condition": "If-Match"})
 
 
 # -- immutable KV chunks ---------------------------------------------------------------------

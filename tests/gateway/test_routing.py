@@ -26,6 +26,8 @@ OPERATIONS = [
     ("GET", B, {"location": ""}, {}, "GetBucketLocation"),
     ("GET", B, {"versioning": ""}, {}, "GetBucketVersioning"),
     ("PUT", B, {"versioning": ""}, {}, "PutBucketVersioning"),  # answers 501 itself, naming versioning
+    ("GET", B, {"policy": ""}, {}, "GetBucketPolicy"),  # 404 NoSuchBucketPolicy; PUT/DELETE ?policy stay 501
+    ("GET", B, {"notification": ""}, {}, "GetBucketNotificationConfiguration"),
     ("GET", B, {}, {}, "ListObjects"),
     ("GET", B, {"list-type": "2"}, {}, "ListObjectsV2"),
     ("GET", B, {"versions": ""}, {}, "ListObjectVersions"),
@@ -118,7 +120,7 @@ def test_unserved_shapes_are_refused(method, level, query, code):
     assert e.value.code is code
 
 
-@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES - {"versioning"}))
+@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES - {"versioning", "policy", "notification"}))
 def test_unsupported_subresource_is_named(sub):
     with pytest.raises(S3Error) as e:
         ROUTER.match("GET", B, {"prefix": "", sub: ""}, CIMultiDict())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .. import xml
-from ..access import acl_nodes, canned_acl, reject_grant_lists
+from ..access import acl_nodes, requested_acl
 from ..context import S3Request
 from .common import empty, xml_response
 
@@ -18,8 +18,9 @@ async def get_object_acl(req: S3Request) -> web.Response:
 
 async def put_object_acl(req: S3Request) -> web.Response:
     await req.owned_bucket()
-    reject_grant_lists(req.headers, await req.body_bytes(xml.MAX_REQUEST_XML))
-    await req.store.set_object_acl(req.bucket, req.key_checked(), canned_acl(req.headers))
+    body = await req.body_bytes(xml.MAX_REQUEST_XML)
+    owner = (await req.store.head_object(req.bucket, req.key_checked())).owner if body.strip() else req.tenant
+    await req.store.set_object_acl(req.bucket, req.key_checked(), requested_acl(req.headers, body, owner))
     return empty()
 
 
@@ -29,7 +30,6 @@ async def get_bucket_acl(req: S3Request) -> web.Response:
 
 
 async def put_bucket_acl(req: S3Request) -> web.Response:
-    await req.owned_bucket()
-    reject_grant_lists(req.headers, await req.body_bytes(xml.MAX_REQUEST_XML))
-    await req.store.set_bucket_acl(req.bucket, canned_acl(req.headers))
+    info = await req.owned_bucket()
+    await req.store.set_bucket_acl(req.bucket, requested_acl(req.headers, await req.body_bytes(xml.MAX_REQUEST_XML), info.owner))
     return empty()

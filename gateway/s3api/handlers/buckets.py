@@ -1,5 +1,6 @@
 """Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket, GetBucketLocation,
-GetBucketVersioning and PutBucketVersioning (buckets are never versioned)."""
+GetBucketVersioning and PutBucketVersioning (buckets are never versioned), and what S3 answers
+for a bucket without a policy or notifications (GetBucketPolicy, GetBucketNotificationConfiguration)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,16 @@ async def put_bucket_versioning(req: S3Request) -> web.Response:
     await req.owned_bucket()
     raise S3Error(ErrorCode.NotImplemented, "Bucket versioning is not supported by ObjectCache: buckets are always unversioned.",
                   resource=req.resource)
+
+
+async def get_bucket_policy(req: S3Request) -> web.Response:
+    """404 NoSuchBucketPolicy: buckets never have one (access is the tenant's and the canned ACLs'). What S3 answers for a
+    bucket without a policy, which clients (minio-py, s3cmd info) handle; a 501 they raise on."""
+    await req.owned_bucket()
+    raise S3Error(ErrorCode.NoSuchBucketPolicy, resource=req.resource, extra={"BucketName": req.bucket})
+
+
+async def get_bucket_notification(req: S3Request) -> web.Response:
+    """An empty configuration: buckets never send event notifications (what S3 answers for a bucket without any)."""
+    await req.owned_bucket()
+    return xml_response("NotificationConfiguration", [])

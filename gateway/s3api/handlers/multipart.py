@@ -67,6 +67,7 @@ async def upload_part_copy(req: S3Request) -> web.Response:
 
 
 async def complete_multipart_upload(req: S3Request) -> web.Response:
+    condition = h.write_condition(req.headers)
     try:
         upload = await _upload(req)
     except S3Error as e:
@@ -86,7 +87,7 @@ async def complete_multipart_upload(req: S3Request) -> web.Response:
         parts.append((int(number), etag.strip(), claimed))
     if claims:
         await _verify_object_checksums(req, upload, [n for n, _, _ in parts], claims)
-    return _completed(req, await req.store.complete_upload(upload, parts))
+    return _completed(req, await req.store.complete_upload(upload, parts, condition))
 
 
 async def _verify_object_checksums(req: S3Request, upload: UploadInfo, numbers: list[int], claims: dict[str, str]) -> None:

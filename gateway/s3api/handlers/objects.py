@@ -30,11 +30,12 @@ async def put_object(req: S3Request) -> web.Response:
     await req.owned_bucket()
     key = req.key_checked()
     spec, trailer = h.put_spec(req.headers, req.expected_length())
+    condition = h.write_condition(req.headers)
     if trailer:
         # The trailer arrives after the data; the body stream fills req.trailers
         # before it ends, and the backend verifies only after the stream ends.
         spec = replace(spec, late_checksums=lambda: h.trailer_checksums(trailer, req.trailers))
-    meta = await req.store.put_object(req.bucket, key, req.body(), spec, req.tenant)
+    meta = await req.store.put_object(req.bucket, key, req.body(), spec, req.tenant, condition)
     return empty(headers={"ETag": meta.etag, **checksum_response_headers(meta.checksums, spec.checksum_algorithms)})
 
 
@@ -165,6 +166,7 @@ async def copy_source_meta(req: S3Request) -> ObjectMeta:
 async def copy_object(req: S3Request) -> web.Response:
     await req.owned_bucket()
     key = req.key_checked()
+    condition = h.write_condition(req.headers)  # of the destination; the source's are x-amz-copy-source-if-*
     src = await copy_source_meta(req)
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
@@ -181,6 +183,6 @@ async def copy_object(req: S3Request) -> web.Response:
                        tags=src.tags, acl=canned_acl(req.headers))
     else:
         spec, _ = h.put_spec(req.headers, None)
-    meta = await req.store.copy_object(src, req.bucket, key, spec, req.tenant)
+    meta = await req.store.copy_object(src, req.bucket, key, spec, req.tenant, condition)
     checks: list[xml.Node] = [(f"Checksum{a}", v) for a, v in meta.checksums.items() if not meta.part_sizes]
     return xml_response("CopyObjectResult", [("ETag", meta.etag), ("LastModified", xml.iso8601(meta.last_modified)), *checks])

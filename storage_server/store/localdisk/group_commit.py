@@ -23,7 +23,7 @@ from pathlib import Path
 
 from protocol.errors import S3Error
 
-from ..object_store import ObjectMeta
+from ..object_store import ObjectMeta, WriteCondition
 from .blobs import BlobFiles
 from .index import MetadataIndex
 
@@ -34,6 +34,7 @@ class _Pending:
     tmp: Path
     meta: ObjectMeta
     immutable: bool
+    condition: WriteCondition | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False  # set (before done) when this caller is to commit the next batch
     result: ObjectMeta | None = None
@@ -55,9 +56,9 @@ class GroupCommit:
         with self._lock:
             return len(self._queue)
 
-    def commit(self, bucket: str, tmp: Path, meta: ObjectMeta, immutable: bool) -> ObjectMeta:
-        """Publish ``tmp`` (an fsync'd temp file) as ``meta`` and commit its row; durable on return."""
-        me = _Pending(bucket, tmp, meta, immutable)
+    def commit(self, bucket: str, tmp: Path, meta: ObjectMeta, immutable: bool, condition: WriteCondition | None = None) -> ObjectMeta:
+        """Publish ``tmp`` (an fsync'd temp file) as ``meta`` and commit its row if ``condition`` holds then; durable on return."""
+        me = _Pending(bucket, tmp, meta, immutable, condition)
         with self._lock:
             self._queue.append(me)
             me.lead = not self._busy
@@ -101,7 +102,7 @@ class GroupCommit:
                 p.error = e
             return []
         try:
-            outcomes, garbage = self.index.commit_group([(p.bucket, (final, p.meta, p.immutable)) for p, final in zip(batch, finals)])
+            outcomes, garbage = self.index.commit_group([(p.bucket, (final, p.meta, p.immutable, p.condition)) for p, final in zip(batch, finals)])
         except BaseException as e:  # the transaction as a whole failed (disk full at COMMIT): nobody is acknowledged
             for p, final in zip(batch, finals):
                 final.unlink(missing_ok=True)

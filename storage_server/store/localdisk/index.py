@@ -21,8 +21,8 @@ from typing import TypeVar
 
 from protocol.errors import ErrorCode, S3Error
 
-from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, PutSpec, UploadInfo
-from ..rules import check_immutable_reput, common_prefix
+from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, PutSpec, UploadInfo, WriteCondition
+from ..rules import check_immutable_reput, check_write_condition, common_prefix
 
 T = TypeVar("T")
 
@@ -69,8 +69,8 @@ OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_h
 BUCKET_COLUMNS = "name, owner, created, region, acl, tags, id"
 UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
 
-# (path of the published file, its metadata, whether it is an immutable KV chunk)
-Published = tuple[Path, ObjectMeta, bool]
+# (path of the published file, its metadata, whether it is an immutable KV chunk, the write's condition if any)
+Published = tuple[Path, ObjectMeta, bool, WriteCondition | None]
 
 
 def key_successor(k: bytes) -> bytes | None:
@@ -234,9 +234,11 @@ class MetadataIndex:
         return _row_to_meta(row)
 
     def _commit_one(self, db: sqlite3.Connection, bucket: str, published: Published, garbage: list[str]) -> ObjectMeta:
-        """One published file's row (or, for an immutable object put again, the existing one; the new file is garbage)."""
-        final, meta, immutable = published
+        """One published file's row (or, for an immutable object put again, the existing one; the new file is garbage).
+        A conditional write's condition is checked here, in the writer transaction: no other write of the key interleaves."""
+        final, meta, immutable, condition = published
         old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
+        check_write_condition(condition, _row_to_meta(old) if old is not None else None, bucket, meta.key, committing=True)
         if old is not None and (immutable or old[12]):
             existing = _row_to_meta(old)
             check_immutable_reput(existing, meta)
@@ -280,14 +282,15 @@ class MetadataIndex:
 
         return self._write(tx)
 
-    def replace_metadata(self, meta: ObjectMeta) -> ObjectMeta:
+    def replace_metadata(self, meta: ObjectMeta, condition: WriteCondition | None = None) -> ObjectMeta:
         """A copy onto itself: the same bytes under new metadata (an immutable chunk stays immutable)."""
         def tx(db: sqlite3.Connection) -> ObjectMeta:
-            row = db.execute("SELECT path, immutable FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
+            row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
+            check_write_condition(condition, _row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
             if row is None:
                 raise S3Error(ErrorCode.NoSuchKey, resource=f"/{meta.bucket}/{meta.key}", extra={"Key": meta.key})
-            self._insert_object(db, meta, row[0], bool(row[1]))
-            return replace(meta, locator=row[0])
+            self._insert_object(db, meta, row[10], bool(row[12]))
+            return replace(meta, locator=row[10])
 
         return self._write(tx)
 
@@ -428,13 +431,14 @@ class MetadataIndex:
             (upload_id, after, limit))
         return [(PartInfo(r[0], r[1], r[2], r[3], json.loads(r[4])), r[5]) for r in rows]
 
-    def complete_upload(self, upload_id: str, meta: ObjectMeta, path: str) -> str | None:
-        """The upload becomes the object at ``path``; the file of the object it replaced."""
+    def complete_upload(self, upload_id: str, meta: ObjectMeta, path: str, condition: WriteCondition | None = None) -> str | None:
+        """The upload becomes the object at ``path`` if ``condition`` holds; the file of the object it replaced."""
         def tx(db: sqlite3.Connection) -> str | None:
             if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
                 raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
             self._bucket_exists(db, meta.bucket)
             row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
+            check_write_condition(condition, _row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
             if row is not None and row[12]:
                 check_immutable_reput(_row_to_meta(row), meta)  # an upload never replaces a KV chunk's bytes
             self._insert_object(db, meta, path, bool(row[12]) if row is not None else False)

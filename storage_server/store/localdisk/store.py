@@ -21,8 +21,8 @@ from typing import TypeVar
 from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
-from ..object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectReader, ObjectStore, PartInfo, PutSpec, UploadInfo
-from ..rules import MAX_PUT_SIZE, completed_meta, select_parts, verify_received
+from ..object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectReader, ObjectStore, PartInfo, PutSpec, UploadInfo, WriteCondition
+from ..rules import MAX_PUT_SIZE, check_write_condition, completed_meta, select_parts, verify_received
 from . import cleanup
 from .blobs import WRITE_BUFFER, BlobFiles
 from .group_commit import GroupCommit
@@ -51,7 +51,7 @@ class LocalDiskStore(ObjectStore):
         try:
             results, garbage = self.index.commit(bucket, published)
         except BaseException:
-            for final, _, _ in published:
+            for final, *_ in published:
                 final.unlink(missing_ok=True)
             raise
         for g in garbage:
@@ -85,12 +85,29 @@ class LocalDiskStore(ObjectStore):
         return await self._run(self.index.list_buckets, owner, prefix, after, limit)
 
     # -- objects ---------------------------------------------------------------
-    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta:
-        await self.get_bucket(bucket)
+    async def _precheck(self, bucket: str, key: str, condition: WriteCondition | None) -> None:
+        """A condition that already fails is answered before any bytes are received or copied (the commit checks again)."""
+        if condition is None:
+            await self.get_bucket(bucket)
+            return
+        current = await self._run(self._current_or_none, bucket, key)
+        check_write_condition(condition, current, bucket, key)
+
+    def _current_or_none(self, bucket: str, key: str) -> ObjectMeta | None:
+        try:
+            return self.index.current(bucket, key)
+        except S3Error as e:
+            if e.code is ErrorCode.NoSuchKey:
+                return None
+            raise
+
+    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str,
+                         condition: WriteCondition | None = None) -> ObjectMeta:
+        await self._precheck(bucket, key, condition)
         tmp, d = await self.blobs.receive(body, spec, MAX_PUT_SIZE, self._run)
         meta = _meta(bucket, key, d, spec, owner, time.time())
 
-        return await self._run(self._group.commit, bucket, tmp, meta, spec.immutable)
+        return await self._run(self._group.commit, bucket, tmp, meta, spec.immutable, condition)
 
     async def put_many(self, bucket: str, items: list[tuple[str, bytes | memoryview, PutSpec]], owner: str) -> list[ObjectMeta]:
         await self.get_bucket(bucket)
@@ -115,7 +132,7 @@ class LocalDiskStore(ObjectStore):
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
             raise
-        return self._commit(bucket, [(final, meta, immutable) for final, (meta, immutable) in zip(finals, metas)])
+        return self._commit(bucket, [(final, meta, immutable, None) for final, (meta, immutable) in zip(finals, metas)])
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta:
         return await self._run(self.index.current, bucket, key)
@@ -176,13 +193,14 @@ class LocalDiskStore(ObjectStore):
         """For each key, its file and size (None if absent): what the local chunk source pins."""
         return await self._run(self.index.locate, bucket, keys)
 
-    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
+    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str,
+                          condition: WriteCondition | None = None) -> ObjectMeta:
         meta = ObjectMeta(bucket=bucket, key=key, size=src.size, etag=src.etag, last_modified=time.time(), content_type=spec.content_type,
                           user_metadata=spec.user_metadata, system_headers=spec.system_headers, checksums=src.checksums,
                           part_sizes=src.part_sizes, owner=owner, tags=spec.tags, acl=spec.acl)
         if (src.bucket, src.key) == (bucket, key):
-            return await self._run(self.index.replace_metadata, meta)  # the same bytes under new metadata
-        await self.get_bucket(bucket)
+            return await self._run(self.index.replace_metadata, meta, condition)  # the same bytes under new metadata
+        await self._precheck(bucket, key, condition)
 
         def copy() -> ObjectMeta:
             fd = self._open_version(src)
@@ -190,7 +208,7 @@ class LocalDiskStore(ObjectStore):
                 tmp = self.blobs.concatenate([(fd, 0, src.size)])
             finally:
                 os.close(fd)
-            return self._commit(bucket, [(self.blobs.publish(tmp), meta, False)])[0]
+            return self._commit(bucket, [(self.blobs.publish(tmp), meta, False, condition)])[0]
 
         return await self._run(copy)
 
@@ -252,9 +270,12 @@ class LocalDiskStore(ObjectStore):
     async def list_parts(self, upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]:
         return [p for p, _ in await self._run(self.index.parts, upload.upload_id, after, limit)]
 
-    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta:
+    async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]],
+                              condition: WriteCondition | None = None) -> ObjectMeta:
         stored = {p.part_number: (p, path) for p, path in await self._run(self.index.parts, upload.upload_id)}
         chosen = select_parts(upload, parts, stored)
+        if condition is not None:
+            await self._precheck(upload.bucket, upload.key, condition)
         meta = completed_meta(upload, [p for p, _ in chosen], time.time())
 
         def work() -> ObjectMeta:
@@ -272,7 +293,7 @@ class LocalDiskStore(ObjectStore):
                         d.update(chunk)
                 full = replace(meta, checksums=d.checksum_values())
             final = self.blobs.publish(tmp)
-            self._install(final, lambda path: self.index.complete_upload(upload.upload_id, full, path))
+            self._install(final, lambda path: self.index.complete_upload(upload.upload_id, full, path, condition))
             self.blobs.remove_upload_dir(upload.upload_id)
             return replace(full, locator=str(final))
 

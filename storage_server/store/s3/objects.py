@@ -25,7 +25,7 @@ from typing import Any
 from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
-from ..object_store import BodyStream, ByteRange, ObjectMeta, ObjectReader, PutSpec
+from ..object_store import BodyStream, ByteRange, ObjectMeta, ObjectReader, PutSpec, WriteCondition
 from ..rules import MAX_PUT_SIZE
 from .upstream import Upstream, body_chunks
 
@@ -73,6 +73,15 @@ def put_args(spec: PutSpec, owner: str, checksums: dict[str, str], immutable: bo
     if spec.system_headers:
         metadata[_SYSTEM] = json.dumps(spec.system_headers, separators=(",", ":"))
     return {"ContentType": spec.content_type, "Metadata": metadata, **({"Tagging": urllib.parse.urlencode(spec.tags)} if spec.tags else {})}
+
+
+def condition_args(condition: WriteCondition | None) -> dict[str, str]:
+    """A conditional write's condition as the upstream request's own (IfNoneMatch / IfMatch), for the upstream to enforce."""
+    if condition is None:
+        return {}
+    if condition.if_none_match:
+        return {"IfNoneMatch": "*"}
+    return {"IfMatch": condition.if_match} if condition.if_match is not None else {}
 
 
 def with_acl(raw_metadata: dict[str, str], acl: str) -> dict[str, str]:

@@ -6,6 +6,12 @@ tenant, the region, immutable KV chunks) lives in the upstream too (:mod:`.bucke
 ``part_bytes`` goes up as one PUT, anything longer as a multipart upload of parts that
 size, and GETs stream the upstream's response. Multipart uploads pass through
 (:mod:`.uploads`). Nothing is durable before the upstream has acknowledged it.
+
+A conditional write (``If-None-Match: *`` / ``If-Match``) is checked against a HEAD when it
+starts, so a failing one sends no bytes, and its condition goes to the upstream with the write
+itself (PutObject, CompleteMultipartUpload, CopyObject), so the upstream decides atomically: the
+upstream must enforce them, as AWS S3 and SeaweedFS do (moto ignores them on
+CompleteMultipartUpload's ``If-Match`` and on CopyObject; there only the start's check holds).
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ from protocol.checksums import Digester
 from protocol.config import S3StoreConfig
 from protocol.errors import ErrorCode, S3Error
 
-from ..object_store import BodyStream, BucketInfo, ListPage, ObjectMeta, ObjectReader, ObjectStore, PutSpec
-from ..rules import check_immutable_reput, verify_received
+from ..object_store import BodyStream, BucketInfo, ListPage, ObjectMeta, ObjectReader, ObjectStore, PutSpec, WriteCondition
+from ..rules import check_immutable_reput, check_write_condition, verify_received
 from .buckets import RESERVED, BucketMarkers, check_key, is_reserved
 from .listing import list_page
-from .objects import PartCutter, Stored, open_upstream, put_args, record_part_sizes, stored, with_acl, with_attributes
+from .objects import PartCutter, Stored, condition_args, open_upstream, put_args, record_part_sizes, stored, with_acl, with_attributes
 from .uploads import PartAttempts, UploadOps
 from .upstream import Upstream
 
@@ -101,37 +107,61 @@ class S3Store(UploadOps, ObjectStore):
             raise
         return stored(bucket, key, resp)
 
-    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str) -> ObjectMeta:
+    async def _refused(self, e: S3Error, condition: WriteCondition | None, bucket: str, key: str) -> S3Error | None:
+        """The answer to an upstream's refusal of a conditional write, judged against the key as it is now: the
+        condition's own failure (412, or 409 for an If-Match object deleted meanwhile), or None where it holds again
+        (the upstream saw another state in between, or, for a copy, refused the source's condition)."""
+        if condition is None or e.code not in (ErrorCode.PreconditionFailed, ErrorCode.NoSuchKey):
+            return e
+        current = await self._existing(bucket, key)
+        try:
+            check_write_condition(condition, current.meta if current else None, bucket, key, committing=True)
+        except S3Error as judged:
+            return judged
+        return None
+
+    async def _conditional(self, e: S3Error, condition: WriteCondition | None, bucket: str, key: str) -> S3Error:
+        """A refused conditional put or completion: a condition that holds again was overtaken by a concurrent write (409, retry)."""
+        judged = await self._refused(e, condition, bucket, key)
+        return judged or S3Error(ErrorCode.ConditionalRequestConflict, resource=f"/{bucket}/{key}", extra={"Key": key})
+
+    async def put_object(self, bucket: str, key: str, body: BodyStream, spec: PutSpec, owner: str,
+                         condition: WriteCondition | None = None) -> ObjectMeta:
         """Stream ``body`` upstream; an immutable object already there accepts only identical bytes (then nothing is written)."""
         check_key(bucket, key)
         # A chunk put is conditional (If-None-Match), so only a plain put looks first for an immutable object in the way.
         existing = None if spec.immutable else await self._existing(bucket, key)
+        check_write_condition(condition, existing.meta if existing else None, bucket, key)
         d = Digester(set(spec.checksum_algorithms) | set(spec.expected_checksums))
         cutter = PartCutter(body, self.cfg.part_bytes, d)
         first = await cutter.next() or b""
-        if cutter.exhausted:
-            meta = await self._put_whole(bucket, key, first, d, spec, owner, existing)
-        else:
-            meta = await self._put_parts(bucket, key, first, cutter, spec, owner, existing)
-        return meta
+        try:
+            if cutter.exhausted:
+                return await self._put_whole(bucket, key, first, d, spec, owner, existing, condition)
+            return await self._put_parts(bucket, key, first, cutter, spec, owner, existing, condition)
+        except S3Error as e:
+            if condition is None:
+                raise
+            raise await self._conditional(e, condition, bucket, key) from None
 
     def _candidate(self, bucket: str, key: str, d: Digester, spec: PutSpec, owner: str, etag: str) -> ObjectMeta:
         return ObjectMeta(bucket=bucket, key=key, size=d.size, etag=etag, last_modified=time.time(), content_type=spec.content_type,
                           user_metadata=spec.user_metadata, system_headers=spec.system_headers, checksums=d.checksum_values(), owner=owner)
 
-    async def _put_whole(self, bucket: str, key: str, data: bytes, d: Digester, spec: PutSpec, owner: str, existing: Stored | None) -> ObjectMeta:
+    async def _put_whole(self, bucket: str, key: str, data: bytes, d: Digester, spec: PutSpec, owner: str, existing: Stored | None,
+                         condition: WriteCondition | None) -> ObjectMeta:
         verify_received(spec, d)
         meta = self._candidate(bucket, key, d, spec, owner, f'"{d.md5.hexdigest()}"')
         if existing is not None and existing.immutable:
             check_immutable_reput(existing.meta, meta)
             return existing.meta
-        extra: dict[str, Any] = {"IfNoneMatch": "*"} if spec.immutable else {}
+        extra: dict[str, Any] = {"IfNoneMatch": "*"} if spec.immutable else condition_args(condition)
         try:
             resp = await self.up.call("put_object", Bucket=bucket, Key=key, Body=data, ContentMD5=base64.b64encode(d.md5.digest()).decode(),
                                       missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
                                       **put_args(spec, owner, d.checksum_values(), spec.immutable), **extra)
         except S3Error as e:
-            if e.code != ErrorCode.PreconditionFailed:
+            if e.code != ErrorCode.PreconditionFailed or not spec.immutable:
                 raise
             raced = await self._existing(bucket, key)  # another node put this chunk first: identical bytes are fine
             if raced is None:
@@ -142,7 +172,7 @@ class S3Store(UploadOps, ObjectStore):
         return replace(meta, etag=resp["ETag"])
 
     async def _put_parts(self, bucket: str, key: str, first: bytes, cutter: PartCutter, spec: PutSpec, owner: str,
-                         existing: Stored | None) -> ObjectMeta:
+                         existing: Stored | None, condition: WriteCondition | None) -> ObjectMeta:
         """A long body as an upstream multipart upload; aborted (nothing stored) if the body fails its checks."""
         resource = f"/{bucket}/{key}"
         # Only checksums the client declared up front can be stored: metadata is fixed at the start.
@@ -164,7 +194,7 @@ class S3Store(UploadOps, ObjectStore):
                 await self._abort(bucket, key, upload_id)
                 return existing.meta
             done = await self.up.call("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-                                      MultipartUpload={"Parts": parts}, resource=resource)
+                                      MultipartUpload={"Parts": parts}, resource=resource, **condition_args(condition))
         except BaseException:
             await self._abort(bucket, key, upload_id)
             raise
@@ -204,22 +234,27 @@ class S3Store(UploadOps, ObjectStore):
             for err in resp.get("Errors", []):
                 raise S3Error(ErrorCode.ServiceUnavailable, f"The upstream store could not delete {err.get('Key')!r} ({err.get('Code')}); retry.")
 
-    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str) -> ObjectMeta:
+    async def copy_object(self, src: ObjectMeta, bucket: str, key: str, spec: PutSpec, owner: str,
+                          condition: WriteCondition | None = None) -> ObjectMeta:
         """A server-side copy of exactly ``src``'s version (``CopySourceIfMatch``), under new metadata.
 
         An immutable KV chunk at the destination stays one: only its own bytes may be copied onto it.
         """
         check_key(bucket, key)
         existing = await self._existing(bucket, key)
+        check_write_condition(condition, existing.meta if existing else None, bucket, key)
         immutable = existing is not None and existing.immutable
         if immutable and (src.bucket, src.key) != (bucket, key):
             check_immutable_reput(existing.meta, replace(src, bucket=bucket, key=key))  # type: ignore[union-attr]
         try:
             resp = await self.up.call("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": src.bucket, "Key": src.key},
                                       CopySourceIfMatch=src.etag, MetadataDirective="REPLACE", TaggingDirective="REPLACE",
-                                      missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}",
+                                      missing=ErrorCode.NoSuchBucket, resource=f"/{bucket}/{key}", **condition_args(condition),
                                       **put_args(spec, owner, src.checksums, immutable, bool(src.part_sizes)))
         except S3Error as e:
+            judged = await self._refused(e, condition, bucket, key)
+            if judged is not None and judged is not e:
+                raise judged from None
             if e.code == ErrorCode.PreconditionFailed:
                 raise S3Error(ErrorCode.ServiceUnavailable, f"Object {src.key!r} was replaced while it was being copied; retry.") from None
             raise

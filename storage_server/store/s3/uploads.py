@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
-from ..object_store import BodyStream, ByteRange, ObjectMeta, PartInfo, PutSpec, UploadInfo
-from ..rules import check_immutable_reput, completed_meta, select_parts, verify_received
+from ..object_store import BodyStream, ByteRange, ObjectMeta, PartInfo, PutSpec, UploadInfo, WriteCondition
+from ..rules import check_immutable_reput, check_write_condition, completed_meta, select_parts, verify_received
 from .buckets import RESERVED, check_key
 from .listing import list_page
-from .objects import PartCutter, put_args, record_part_sizes
+from .objects import PartCutter, condition_args, put_args, record_part_sizes
 
 if TYPE_CHECKING:
     from .store import S3Store
@@ -187,19 +187,26 @@ class UploadOps:
     async def list_parts(self: "S3Store", upload: UploadInfo, after: int = 0, limit: int = 1000) -> list[PartInfo]:
         return await self._upstream_parts(upload, after, limit)
 
-    async def complete_upload(self: "S3Store", upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]]) -> ObjectMeta:
+    async def complete_upload(self: "S3Store", upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]],
+                              condition: WriteCondition | None = None) -> ObjectMeta:
         stored = {p.part_number: (p, None) for p in await self._upstream_parts(upload)}
         chosen = [p for p, _ in select_parts(upload, parts, stored)]
         meta = completed_meta(upload, chosen, time.time())
         existing = await self._existing(upload.bucket, upload.key)
+        check_write_condition(condition, existing.meta if existing else None, upload.bucket, upload.key)
         if existing is not None and existing.immutable:
             check_immutable_reput(existing.meta, meta)  # an upload never replaces a KV chunk's bytes
             await self.abort_upload(upload)  # the same bytes: the chunk stays as it is
             return existing.meta
-        resp = await self.up.call("complete_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id,
-                                  MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
-                                                              **{f"Checksum{a}": v for a, v in p.checksums.items()}} for p in chosen]},
-                                  missing=ErrorCode.NoSuchUpload)
+        try:
+            resp = await self.up.call("complete_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id,
+                                      MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
+                                                                  **{f"Checksum{a}": v for a, v in p.checksums.items()}} for p in chosen]},
+                                      missing=ErrorCode.NoSuchUpload, **condition_args(condition))
+        except S3Error as e:
+            if condition is None:
+                raise
+            raise await self._conditional(e, condition, upload.bucket, upload.key) from None
         etag = resp.get("ETag", meta.etag)
         await record_part_sizes(self.up, upload.bucket, upload.key, etag, meta.part_sizes)
         await self._forget_upload(upload)
