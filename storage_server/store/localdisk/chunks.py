@@ -22,7 +22,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.lru import LruPolicy
-from ..chunk_source import ChunkSource, PinnedChunks
+from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .locations import Location, LocationCache
@@ -87,7 +87,7 @@ class LocalDiskChunkSource(ChunkSource):
                     raise
             self.evicted += len(keys)
 
-    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+    async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
