@@ -20,14 +20,14 @@ def cluster_key() -> str:
 def node_config(root: Path, name: str, upstream, tenants: list[TenantKeys], key: str, port: int, *,
                 peers: dict[str, int] | None = None, registry: bool = True, cache_bytes: int = 1 << 30, **cluster: object) -> Path:
     """A node with the s3 backend over ``upstream`` and a ``[cluster]`` table (its peer listener on ``port``)."""
-    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in cluster.items())
+    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 5, "lookup_timeout_s": 2.0, "peer_timeout_s": 2.0, **cluster}
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
     static = json.dumps([f"{n}=127.0.0.1:{p}" for n, p in (peers or {}).items()])
     text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{upstream.config()}'
             f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
             f'[storage_server]\nsocket = "{root / name}.sock"\n'
             f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\npeers = {static}\n'
-            f'registry_bucket = "{REGISTRY if registry else ""}"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\n'
-            f"lookup_timeout_s = 2.0\npeer_timeout_s = 2.0\n{extra}")
+            f'registry_bucket = "{REGISTRY if registry else ""}"\n{extra}')
     text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
     path = root / f"{name}.toml"
     path.write_text(text)
