@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,7 @@ MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local", "s3")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 # Keys renamed since earlier releases: an old config is refused with a pointer to the new name.
@@ -346,6 +348,74 @@ class StorageServerConfig(Section):
 
 
 @dataclass(frozen=True)
+class ClusterConfig(Section):
+    """Nodes that share their caches (s3 backend): peers fetch each other's warm chunks instead of the upstream."""
+
+    # This node's id in the cluster (letters, digits, '.', '_', '-'); empty: no cluster, the node is an island.
+    node_id: str = ""
+    # The peer listener ("host:port", port 0 = any free one) other nodes call with the cluster key.
+    listen: str = ""
+    # The address peers are told to connect to, when it is not listen's own (a wildcard bind, NAT).
+    advertise: str = ""
+    # Topology labels (Kubernetes: topology.kubernetes.io/zone, a rack label, the node name):
+    # a peer nearer by these labels is preferred when several hold the same chunks.
+    zone: str = ""
+    rack: str = ""
+    host: str = ""
+    # The secret every node of the cluster shares and no tenant holds (at least 32 characters).
+    key: str = ""
+    # Static peers, "node_id=host:port" each.
+    peers: tuple[str, ...] = ()
+    # Membership through the upstream store: an upstream bucket where each node keeps a heartbeat
+    # record under ObjectCache's reserved prefix (created if missing); empty: static peers only.
+    registry_bucket: str = ""
+    # How often a node writes its heartbeat (and reads the others'); a node whose record has not
+    # changed for missed_heartbeats intervals is gone.
+    heartbeat_s: float = 2.0
+    missed_heartbeats: int = 3
+    # Deadline of the batched "which leading chunks do you hold" fan-out; a peer slower than this counts as holding none.
+    lookup_timeout_s: float = 0.25
+    # A peer stream that delivers no chunk for this long (or breaks) fails over to the next path.
+    peer_timeout_s: float = 5.0
+    # Peer streams one kv-get runs at once (its range from a peer is split between them).
+    fetch_concurrency: int = 4
+    # How long a grant this node signs for a peer stays valid.
+    grant_ttl_s: float = 30.0
+    # Bytes per second this node sends to peers at most (0: unlimited), so peers never crowd its own clients.
+    serve_max_bytes_per_s: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.node_id)
+
+    def static_peers(self) -> list[tuple[str, str]]:
+        return [(p.partition("=")[0], p.partition("=")[2]) for p in self.peers]
+
+    def validate(self) -> None:
+        self.require(not self.node_id or NODE_ID.match(self.node_id) is not None, "node_id",
+                     "must be 1-63 letters, digits, '.', '_' or '-'")
+        for name in ("listen", "advertise"):
+            host, _, port = getattr(self, name).rpartition(":")
+            self.require(not getattr(self, name) or (bool(host) and port.isdigit() and int(port) < 65536), name, 'must be "host:port"')
+        if self.enabled:
+            self.require(bool(self.listen), "listen", "must be set when node_id is (the peer listener)")
+            self.require(len(self.key) >= 32, "key", "must be at least 32 characters when node_id is set (e.g. `openssl rand -base64 33`)")
+            wildcard = self.listen.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::")
+            self.require(not wildcard or bool(self.advertise), "advertise", "must be set when listen binds a wildcard address")
+        for p in self.peers:
+            node, _, addr = p.partition("=")
+            host, _, port = addr.rpartition(":")
+            self.require(NODE_ID.match(node) is not None and bool(host) and port.isdigit(), "peers", f'{p!r} is not "node_id=host:port"')
+        self.require(self.heartbeat_s > 0, "heartbeat_s", "must be > 0")
+        self.require(self.missed_heartbeats >= 1, "missed_heartbeats", "must be at least 1")
+        self.require(self.lookup_timeout_s > 0, "lookup_timeout_s", "must be > 0")
+        self.require(self.peer_timeout_s > 0, "peer_timeout_s", "must be > 0")
+        self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
+        self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
+        self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
+
+
+@dataclass(frozen=True)
 class BandwidthConfig(Section):
     """The shared pool for layerwise transfers (DESIGN §6). capacity_gbps = 0 disables pacing."""
 
@@ -414,6 +484,7 @@ class Config(Section):
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
     log: LogConfig = field(default_factory=LogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tenants: tuple[Tenant, ...] = ()
 
     @property
@@ -426,6 +497,8 @@ class Config(Section):
 
     def validate(self) -> None:
         """The checks that span sections (each section checked its own values)."""
+        self.require(not self.cluster.enabled or self.store.backend == "s3", "cluster",
+                     "nodes share caches in front of one upstream: cluster.node_id needs store.backend = \"s3\"")
         seen: set[str] = set()
         for t in self.tenants:
             self.require(t.access_key not in seen, "tenants", f"access_key {t.access_key!r} is used twice")

@@ -353,6 +353,10 @@ class TransferStats:
     read_ahead_bytes: int = 0
     # Bytes read past the page cache (O_DIRECT) because the sampled chunks were mostly cold.
     direct_read_bytes: int = 0
+    # Where the chunk bytes came from: "local" (this node's cache), "upstream", "peer:<node id>" (a cluster peer's cache).
+    paths: dict = field(default_factory=dict)
+    # Peer streams that failed part-way (broke, stalled, sent bad bytes) and were replaced by another path.
+    failovers: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

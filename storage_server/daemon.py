@@ -64,6 +64,7 @@ class StorageServer:
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
+        self.cluster = _cluster_node(config, chunks)
 
     async def start(self) -> asyncio.AbstractServer:
         self.gc.start()
@@ -73,6 +74,8 @@ class StorageServer:
         if m.storage_server_port:
             self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
         self._data_server = await self.data.listen()
+        if self.cluster is not None:
+            await self.cluster.start()
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp, self.rpc_key)
 
     async def housekeeping(self) -> None:
@@ -117,6 +120,7 @@ class StorageServer:
             "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
             **self.kv.status(),
             **self.chunks.status(),
+            **(self.cluster.status() if self.cluster is not None else {}),
         }
 
     async def drain(self, timeout_s: float) -> int:
@@ -145,6 +149,19 @@ class StorageServer:
         if self._data_server is not None:
             self._data_server.close()
         self.handover.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         await self.kv.close()
         await self.chunks.close()
         await self.store.close()
+
+
+def _cluster_node(config: Config, chunks: ChunkSource):  # -> ClusterNode | None
+    """The cluster membership of this node when ``cluster.node_id`` is set (the config refuses it without the s3 backend)."""
+    if not config.cluster.enabled:
+        return None
+    from .cluster import ClusterNode
+    from .store.s3.chunks import S3ChunkSource
+
+    assert isinstance(chunks, S3ChunkSource)
+    return ClusterNode(config, chunks)

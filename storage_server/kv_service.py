@@ -35,7 +35,7 @@ from .plan import TransferPlan, check_chunk_sizes, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
-from .store import ChunkSource
+from .store import ChunkSource, PinFor
 from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
 from .transports.nixl_engine import NixlEngine, NixlLink
 from .transports.rdma import RdmaLink, RemoteRegion
@@ -184,7 +184,7 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
-            pinned = await self.chunks.pin(bucket, d.chunk_keys)
+            pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
             check_chunk_sizes(d, pinned.sizes)
             plan = plan_transfer(
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
@@ -202,6 +202,8 @@ class KVService:
                 setup_s = time.perf_counter() - arrived
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id, stats.setup_s = request_id, setup_s
+                stats.paths = pinned.paths or {"local": sum(pinned.sizes)}
+                stats.failovers = pinned.failovers
                 await frames.end(stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes
@@ -298,7 +300,8 @@ def log_transfer(info: TransferInfo, outcome: str, stats: TransferStats | None) 
         fields = {"request_id": info.request_id, "tenant": info.tenant, "bucket": info.bucket, "operation": "KVGet",
                   "outcome": outcome, "mode": info.plan.mode.name.lower(), "transport": info.descriptor.target.transport.name.lower(),
                   "bytes": info.descriptor.payload_bytes if outcome == "ok" else 0,
-                  "seconds": round(stats.total_s, 6) if stats is not None else None}
+                  "seconds": round(stats.total_s, 6) if stats is not None else None,
+                  "paths": stats.paths if stats is not None else None, "failovers": stats.failovers if stats is not None else 0}
         access_log.info(json.dumps(fields), extra={"fields": fields})
 
 

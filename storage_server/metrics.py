@@ -69,6 +69,9 @@ class StorageServerMetrics:
                                      labels, buckets=SECONDS_BUCKETS, registry=r)
         self.per_layer = Histogram("objectcache_kv_get_layer_delivery_seconds", "delivery time per layer (a transfer's mean)",
                                    labels, buckets=SECONDS_BUCKETS, registry=r)
+        self.path_bytes = Counter("objectcache_kv_get_path_bytes", "chunk bytes of completed kv-gets by where they came from "
+                                  "(local cache, upstream, peer:<node>)", ["path"], registry=r)
+        self.failovers = Counter("objectcache_kv_get_failovers", "peer streams replaced by another path within a kv-get", registry=r)
         self.total = Histogram("objectcache_kv_get_seconds", "transfer start to END", labels, buckets=SECONDS_BUCKETS, registry=r)
         kv.observers.append(self.observe)
 
@@ -81,6 +84,10 @@ class StorageServerMetrics:
         self.first_layer.labels(mode, transport).observe(stats.first_layer_s)
         self.per_layer.labels(mode, transport).observe(stats.delivery_s / max(info.descriptor.num_layers, 1))
         self.total.labels(mode, transport).observe(stats.total_s)
+        for path, nbytes in stats.paths.items():
+            self.path_bytes.labels(path).inc(nbytes)
+        if stats.failovers:
+            self.failovers.inc(stats.failovers)
 
     def listen(self, host: str, port: int) -> Callable[[], None]:
         """Serve ``/metrics`` on its own listener thread; a stop function."""

@@ -6,7 +6,7 @@
 :mod:`.factory` opens the implementation ``store.backend`` names.
 """
 
-from .chunk_source import ChunkHandle, ChunkSource, PinnedChunks
+from .chunk_source import ChunkHandle, ChunkSource, PinFor, PinnedChunks
 from .factory import open_chunk_source, open_object_store
 from .object_store import BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectStore, PartInfo, PutSpec, UploadInfo, WriteCondition
 
@@ -19,6 +19,7 @@ __all__ = [
     "ObjectMeta",
     "ObjectStore",
     "PartInfo",
+    "PinFor",
     "PinnedChunks",
     "PutSpec",
     "UploadInfo",

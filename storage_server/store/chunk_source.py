@@ -18,6 +18,16 @@ from typing import NamedTuple
 from .mapped_files import MappedSlot
 
 
+@dataclass(frozen=True)
+class PinFor:
+    """Whom a pin serves: the kv-get's tenant (authenticated by the gateway) and request id, and the size every
+    chunk must have. A source that asks other nodes for chunks (:mod:`storage_server.cluster`) needs all three."""
+
+    tenant: str
+    request_id: str
+    chunk_bytes: int
+
+
 class ChunkHandle(NamedTuple):
     """Where one chunk object's bytes can be read: ``size`` bytes of file ``fd`` from ``offset``
     (and, where the file is mapped, the same bytes at ``mapped``): one row of :class:`PinnedChunks`' columns."""
@@ -39,6 +49,10 @@ class PinnedChunks:
     sizes: list[int]
     mapped: list[MappedSlot | None]
     _unpin: Callable[[], None] | None = field(default=None, repr=False)
+    # Where the chunk bytes came from for this pin: "local" (the cache held them), "upstream", "peer:<node id>".
+    paths: dict[str, int] = field(default_factory=dict)
+    # Peer streams that failed part-way (or sent bad bytes) and whose chunks came another way.
+    failovers: int = 0
 
     @classmethod
     def whole_files(cls, fds: list[int], sizes: list[int], mapped: list[MappedSlot | None] | None = None,
@@ -68,7 +82,7 @@ class ChunkSource(abc.ABC):
         """Store immutable chunks durably (an identical re-put is a no-op, different bytes are refused); their ETags."""
 
     @abc.abstractmethod
-    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+    async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         """Pin every key's chunk for reading, all or none; NoSuchKey names the first missing key."""
 
     async def housekeeping(self) -> dict[str, int]:

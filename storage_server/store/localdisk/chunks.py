@@ -26,7 +26,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.lru import LruPolicy
-from ..chunk_source import ChunkSource, PinnedChunks
+from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .locations import Location, LocationCache
@@ -93,7 +93,7 @@ class LocalDiskChunkSource(ChunkSource):
         for bucket, versions in by_bucket.items():
             self.evicted += await self.store.evict_chunks(bucket, versions)
 
-    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+    async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:

@@ -16,6 +16,10 @@
   single chunk deleted in the middle) can make the answer too long; the kv-get then names
   the missing key, or serves the cached copy (byte-correct: chunks are immutable).
 
+A second source (:attr:`S3ChunkSource.second`: the cluster's peers, :mod:`storage_server.cluster`)
+is asked first for the chunks a kv-get misses; it writes whole chunks through the cache
+(:meth:`S3ChunkSource.store_fetched`) and whatever it could not bring comes from the upstream.
+
 Chunks are cached under (bucket incarnation, key), so a bucket deleted and created again
 by someone else never sees the old bucket's cached bytes. Changes made through this
 process's store drop the cached copy; a delete through *another* node is seen by the next
@@ -29,13 +33,15 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.chunk_files import ChunkFiles, chunk_id
-from ..chunk_source import ChunkSource, PinnedChunks
+from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..object_store import PutSpec
 from .buckets import check_key
 from .store import S3Store
@@ -60,6 +66,21 @@ def _open_all(paths: list[Path], fds: list[int]) -> None:
         fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
 
 
+@dataclass
+class Filled:
+    """What a second source brought for one pin: the chunks it cached and pinned, bytes per path, failovers."""
+
+    pinned: list[str] = field(default_factory=list)
+    paths: dict[str, int] = field(default_factory=dict)
+    failovers: int = 0
+
+
+class SecondSource(Protocol):
+    async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
+                   cache: "S3ChunkSource") -> Filled:
+        """Fetch what it can of ``wanted`` ((key, chunk id), in prefix order) through ``cache``; never raises for a failed path."""
+
+
 class S3ChunkSource(ChunkSource):
     def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int) -> None:
         self.store, self.up = store, store.up
@@ -68,6 +89,7 @@ class S3ChunkSource(ChunkSource):
         self._bucket_ids: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self.fetched = 0
+        self.second: SecondSource | None = None
         store.listeners.append(self._invalidate)
 
     async def _ids(self, bucket: str, keys: list[str]) -> list[str]:
@@ -131,12 +153,13 @@ class S3ChunkSource(ChunkSource):
         return list(etags)
 
     # -- pin -------------------------------------------------------------------
-    async def _fetch_pinned(self, bucket: str, key: str, cid: str) -> None:
-        """Pin ``cid``, fetching it whole into the cache first unless it is there (or another request is fetching it)."""
+    async def _fetch_pinned(self, bucket: str, key: str, cid: str) -> bool:
+        """Pin ``cid``, fetching it whole into the cache first unless it is there (or another request is fetching it);
+        whether this call fetched it."""
         for _ in range(3):
             if self.files.size(cid) is not None:
                 self.files.policy.pin([cid])
-                return
+                return False
             inflight = self._inflight.get(cid)
             if inflight is None:
                 break
@@ -148,6 +171,40 @@ class S3ChunkSource(ChunkSource):
         finally:
             del self._inflight[cid]
             done.set_result(None)
+        return True
+
+    # -- what a second source uses ---------------------------------------------------
+    def claim(self, cid: str) -> bool:
+        """Take the fetch of ``cid`` (False: cached, or another request is fetching it); :meth:`release` after."""
+        if self.files.size(cid) is not None or cid in self._inflight:
+            return False
+        self._inflight[cid] = asyncio.get_running_loop().create_future()
+        return True
+
+    def release(self, cid: str) -> None:
+        done = self._inflight.pop(cid, None)
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    async def store_fetched(self, cid: str, data: bytes) -> bool:
+        """A whole chunk fetched elsewhere, written through the cache and pinned (False: no room, nothing kept)."""
+        if not self.files.reserve(len(data)):
+            return False
+        tmp = self.files.new_tmp()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _write, tmp, [data])
+        except BaseException:
+            self.files.unreserve(len(data))
+            tmp.unlink(missing_ok=True)
+            raise
+        self.files.commit(cid, tmp, len(data))
+        self.files.policy.pin([cid])
+        return True
+
+    def cached_size(self, bucket_id: str, key: str) -> tuple[str, int | None]:
+        """The chunk id of (bucket incarnation, key) and its cached size (None: not in the cache)."""
+        cid = chunk_id(bucket_id, key)
+        return cid, self.files.size(cid)
 
     async def _fetch(self, bucket: str, key: str, cid: str) -> None:
         resource = f"/{bucket}/{key}"
@@ -174,21 +231,29 @@ class S3ChunkSource(ChunkSource):
         self.files.commit(cid, tmp, size)
         self.fetched += 1
 
-    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
+    async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         cids = await self._ids(bucket, keys)
         pinned: list[str] = []
         fds: list[int] = []
+        upstream: list[str] = []
+        filled = Filled()
         try:
             hits = [c for c in cids if self.files.size(c) is not None]
             self.files.policy.pin(hits)
             pinned += hits
             hit_set = set(hits)
             missing = [(i, k, c) for i, (k, c) in enumerate(zip(keys, cids)) if c not in hit_set]
+            if missing and self.second is not None and pin_for is not None:
+                filled = await self.second.fill(bucket, self._bucket_ids[bucket], [(k, c) for _, k, c in missing], pin_for, self)
+                pinned += filled.pinned
+                got = set(filled.pinned)
+                missing = [m for m in missing if m[2] not in got]
             gate = asyncio.Semaphore(self.concurrency)
 
             async def one(key: str, cid: str) -> None:
                 async with gate:
-                    await self._fetch_pinned(bucket, key, cid)
+                    if await self._fetch_pinned(bucket, key, cid):
+                        upstream.append(cid)
                     pinned.append(cid)
 
             results = await asyncio.gather(*(one(k, c) for _, k, c in missing), return_exceptions=True)
@@ -214,7 +279,9 @@ class S3ChunkSource(ChunkSource):
                 os.close(fd)
             self.files.policy.unpin(pinned)
             raise
-        return PinnedChunks.whole_files(fds, sizes, unpin=functools.partial(self._release, fds, pinned))  # type: ignore[arg-type]
+        result = PinnedChunks.whole_files(fds, sizes, unpin=functools.partial(self._release, fds, pinned))  # type: ignore[arg-type]
+        result.paths, result.failovers = _paths(cids, sizes, upstream, filled), filled.failovers  # type: ignore[arg-type]
+        return result
 
     def _release(self, fds: list[int], pinned: list[str]) -> None:
         for fd in fds:
@@ -227,3 +294,15 @@ class S3ChunkSource(ChunkSource):
     async def close(self) -> None:
         if self._invalidate in self.store.listeners:
             self.store.listeners.remove(self._invalidate)
+
+
+def _paths(cids: list[str], sizes: list[int], upstream: list[str], filled: Filled) -> dict[str, int]:
+    """Bytes per path of one pin: each peer's and the upstream's, the rest was in the cache already."""
+    size = dict(zip(cids, sizes))
+    paths = {"local": sum(sizes)}
+    fetched = {"upstream": sum(size[c] for c in set(upstream))} | filled.paths
+    for path, n in fetched.items():
+        if n:
+            paths[path] = n
+            paths["local"] -= n
+    return {path: n for path, n in paths.items() if n}

@@ -1,0 +1,139 @@
+"""The second load path into this node's cache: chunks a kv-get misses, fetched from peers' caches.
+
+For one pin: sign a grant for the missing keys (the kv-get's tenant, bucket incarnation and exact key
+list), ask every live peer at once how many leading missing chunks it holds warm (answers after
+``lookup_timeout_s`` are not waited for), rank them (:func:`.paths.rank_peers`) and stream from the
+best, its range split over up to ``fetch_concurrency`` streams. Each chunk is checked (index, size,
+CRC32C), written through the cache exactly like an upstream fetch and pinned. A stream that breaks,
+stalls or sends a bad chunk is a failover: the next ranked peer takes the chunks still missing, and
+whatever no peer brought comes from the upstream (:class:`~storage_server.store.s3.chunks.S3ChunkSource`).
+A stale answer costs a short stream and an upstream fetch, never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from protocol.cluster import NodeInfo, PeerFetchRange
+from protocol.cluster_auth import PeerGrant
+from protocol.config import ClusterConfig
+
+from ..store.chunk_source import PinFor
+from ..store.s3.chunks import Filled, S3ChunkSource
+from .membership import Membership
+from .paths import Candidate, rank_peers
+from .peer_client import PeerCall, PeerClient, PeerFault
+
+log = logging.getLogger("objectcache.cluster")
+
+
+@dataclass
+class PeerTally:
+    """What this node fetched from each peer (status and metrics)."""
+
+    bytes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    failovers: int = 0
+    lookups: int = 0
+
+
+def split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` as up to ``parts`` contiguous ranges of near-equal length."""
+    n = hi - lo
+    parts = max(1, min(parts, n))
+    cuts = [lo + n * i // parts for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+class PeerFetcher:
+    def __init__(self, cfg: ClusterConfig, me: NodeInfo, members: Membership) -> None:
+        self.cfg, self.me, self.members = cfg, me, members
+        self.key = cfg.key.encode()
+        self.client = PeerClient(me.node_id, self.key, cfg.peer_timeout_s)
+        self.tally = PeerTally()
+
+    async def _ask(self, peers: list[NodeInfo], call: PeerCall) -> list[Candidate]:
+        tasks = {asyncio.ensure_future(self.client.lookup(p, call)): p for p in peers}
+        done, pending = await asyncio.wait(tasks, timeout=self.cfg.lookup_timeout_s)
+        for t in pending:
+            t.cancel()
+        out = []
+        for t in done:
+            if t.exception() is None:
+                out.append(Candidate(tasks[t], t.result().warm))
+            else:
+                log.info("cluster lookup: %s", t.exception())
+        return out
+
+    async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
+                   cache: S3ChunkSource) -> Filled:
+        peers = self.members.live()
+        filled = Filled()
+        if not peers or not wanted:
+            return filled
+        keys = [k for k, _ in wanted]
+        grant = PeerGrant.issue(self.key, tenant=pin_for.tenant, bucket=bucket, bucket_id=bucket_id, keys=keys,
+                                request_id=pin_for.request_id, issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
+        call = PeerCall(bucket, bucket_id, keys, grant)
+        self.tally.lookups += 1
+        ranked = rank_peers(self.me, await self._ask(peers, call))
+        have = [False] * len(wanted)
+        for cand in ranked:
+            todo = [i for i in range(cand.warm) if not have[i]]
+            if not todo:
+                continue
+            runs = _runs(todo)
+            ranges = [r for lo, hi in runs for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(runs)))]
+            results = await asyncio.gather(*(self._stream(cand.peer, call, lo, hi, wanted, have, pin_for, cache, filled)
+                                             for lo, hi in ranges))
+            if not all(results):
+                filled.failovers += 1
+                self.tally.failovers += 1
+        return filled
+
+    async def _stream(self, peer: NodeInfo, call: PeerCall, lo: int, hi: int, wanted: list[tuple[str, str]], have: list[bool],
+                      pin_for: PinFor, cache: S3ChunkSource, filled: Filled) -> bool:
+        """Chunks ``[lo, hi)`` from ``peer`` into the cache; False when the stream failed before delivering them all."""
+        path = f"peer:{peer.node_id}"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def land(index: int, data: bytes) -> None:
+            cid = wanted[index][1]
+            if have[index] or not cache.claim(cid):  # another request is fetching it (or it arrived meanwhile)
+                return
+            try:
+                if await cache.store_fetched(cid, data):
+                    have[index] = True
+                    filled.pinned.append(cid)
+                    filled.paths[path] = filled.paths.get(path, 0) + len(data)
+                    self.tally.bytes[peer.node_id] = self.tally.bytes.get(peer.node_id, 0) + len(data)
+            finally:
+                cache.release(cid)
+
+        try:
+            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo), pin_for.chunk_bytes, land)
+            ok = got == hi - lo
+        except PeerFault as e:
+            log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)
+            ok = False
+        self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + loop.time() - started
+        return ok
+
+    def status(self) -> dict[str, object]:
+        t = self.tally
+        rates = {p: round(b / t.seconds[p]) for p, b in t.bytes.items() if t.seconds.get(p)}
+        return {"fetched_bytes": dict(t.bytes), "fetch_bytes_per_s": rates, "failovers": t.failovers, "lookups": t.lookups}
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as maximal ``[lo, hi)`` runs."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs

@@ -1,0 +1,66 @@
+"""This storage server as a member of a cluster: the peer listener, membership, and the peer path into its cache.
+
+Built by the daemon when ``cluster.node_id`` is set (the s3 backend only: nodes share caches in
+front of one upstream). It plugs into the chunk source as its second source, so the kv-get path
+itself does not change: a pin asks the peers before the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from protocol.cluster import NodeInfo
+from protocol.config import Config
+
+from ..store.s3.chunks import S3ChunkSource
+from .fetcher import PeerFetcher
+from .membership import Membership
+from .peer_server import PeerServer
+
+log = logging.getLogger("objectcache.cluster")
+
+
+class ClusterNode:
+    def __init__(self, config: Config, chunks: S3ChunkSource) -> None:
+        self.cfg = config.cluster
+        self.chunks = chunks
+        self.server = PeerServer(self.cfg, chunks)
+        self.me: NodeInfo | None = None
+        self.members: Membership | None = None
+        self.fetcher: PeerFetcher | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._beats: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self._listener = await self.server.listen(cfg.listen)
+        address = cfg.advertise
+        if not address:
+            host = cfg.listen.rpartition(":")[0]
+            address = f"{host}:{self._listener.sockets[0].getsockname()[1]}"
+        self.me = NodeInfo(cfg.node_id, address, cfg.zone, cfg.rack, cfg.host)
+        self.members = Membership(cfg, self.me, self.chunks.up)
+        await self.members.start()
+        self._beats = asyncio.ensure_future(self.members.run())
+        self.fetcher = PeerFetcher(cfg, self.me, self.members)
+        self.chunks.second = self.fetcher
+        log.info("cluster: node %s serving peers on %s", cfg.node_id, address)
+
+    def status(self) -> dict[str, object]:
+        return {"cluster": {
+            "node": self.me.to_json() if self.me else None,
+            "members": self.members.status() if self.members else [],
+            "live_peers": [n.node_id for n in self.members.live()] if self.members else [],
+            "served": self.server.status(),
+            **(self.fetcher.status() if self.fetcher else {}),
+        }}
+
+    async def close(self) -> None:
+        self.chunks.second = None
+        if self._beats is not None:
+            self._beats.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        if self.members is not None:
+            await self.members.leave()

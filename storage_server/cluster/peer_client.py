@@ -1,0 +1,110 @@
+"""Calling a peer node: one signed request per connection, a reply line, and for a fetch a stream of whole chunks.
+
+Every call is signed with the cluster key (:func:`protocol.cluster_auth.sign_call`) and carries
+the grant the kv-get's node signed. Nothing here trusts the peer: a reply that does not decode,
+a chunk out of order, of the wrong size or failing its CRC32C, and silence longer than
+``peer_timeout_s`` all end the stream with :class:`PeerFault`, and the caller takes another path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from awscrt import checksums as crt
+
+from protocol.cluster import CHUNK_HEAD, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
+from protocol.cluster_auth import sign_call
+from protocol.errors import S3Error
+from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
+from protocol.wire import encode_keys
+
+# Told each chunk as it arrives (its index in the granted list and its bytes).
+OnChunk = Callable[[int, bytes], Awaitable[None]]
+
+
+class PeerFault(Exception):
+    """A peer path failed (unreachable, refused, stalled, broken, or sent bytes that fail their checks)."""
+
+
+@dataclass(frozen=True)
+class PeerCall:
+    """What every call to a peer for one kv-get carries: the bucket incarnation, the granted keys and the grant."""
+
+    bucket: str
+    bucket_id: str
+    keys: list[str]
+    grant: str
+
+    def fields(self) -> dict[str, object]:
+        return {"bucket": self.bucket, "bucket_id": self.bucket_id, "grant": self.grant}
+
+
+class PeerClient:
+    def __init__(self, node_id: str, key: bytes, timeout_s: float) -> None:
+        self.node_id, self.key, self.timeout_s = node_id, key, timeout_s
+
+    async def _open(self, peer: NodeInfo, op: Op, fields: dict[str, object], body: bytes
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict]:
+        host, _, port = peer.address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port), limit=MAX_REQUEST_LINE),
+                                                    self.timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise PeerFault(f"{peer.node_id} unreachable ({type(e).__name__})") from None
+        try:
+            signed = sign_call(self.key, self.node_id, op.value, fields, body)
+            writer.write(RpcRequest(op, signed, len(body)).encode() + body)
+            line = await asyncio.wait_for(reader.readline(), self.timeout_s)
+            if not line:
+                raise PeerFault(f"{peer.node_id} closed the connection")
+            return reader, writer, decode_reply(line)
+        except BaseException as e:
+            writer.close()
+            if isinstance(e, S3Error):
+                raise PeerFault(f"{peer.node_id} refused: {e.code.name}: {e.message}") from None
+            if isinstance(e, (OSError, asyncio.TimeoutError, ValueError)):
+                raise PeerFault(f"{peer.node_id} failed ({type(e).__name__})") from None
+            raise
+
+    async def lookup(self, peer: NodeInfo, call: PeerCall) -> PeerLookupReply:
+        """How many leading granted keys ``peer`` holds warm."""
+        _, writer, reply = await self._open(peer, Op.PEER_LOOKUP, call.fields(), encode_keys(call.keys))
+        writer.close()
+        try:
+            answer = PeerLookupReply.from_json(reply)
+        except S3Error as e:
+            raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
+        if answer.of != len(call.keys):
+            raise PeerFault(f"{peer.node_id} answered about {answer.of} keys, not {len(call.keys)}")
+        return answer
+
+    async def fetch(self, peer: NodeInfo, call: PeerCall, want: PeerFetchRange, chunk_bytes: int, on_chunk: OnChunk) -> int:
+        """Stream ``want`` from ``peer``, checking each chunk, until it has sent all or says it holds no more; how many came.
+        PeerFault when the stream breaks, stalls or a chunk fails a check (the chunks before it were delivered)."""
+        reader, writer, reply = await self._open(peer, Op.PEER_FETCH, {**call.fields(), **want.to_json()}, encode_keys(call.keys))
+        got = 0
+        try:
+            PeerFetchAccepted.from_json(reply)
+            while got < want.count:
+                head = await asyncio.wait_for(reader.readexactly(CHUNK_HEAD.size), self.timeout_s)
+                index, size, crc = CHUNK_HEAD.unpack(head)
+                if size == NOT_HELD:
+                    break
+                if index != want.start + got:
+                    raise PeerFault(f"{peer.node_id} sent chunk {index} where {want.start + got} was due")
+                if size != chunk_bytes:
+                    raise PeerFault(f"{peer.node_id} sent {size} bytes for a {chunk_bytes}-byte chunk")
+                data = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
+                if crt.crc32c(data) != crc:
+                    raise PeerFault(f"{peer.node_id} sent chunk {index} failing its CRC32C")
+                await on_chunk(index, data)
+                got += 1
+            return got
+        except S3Error as e:
+            raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+            raise PeerFault(f"{peer.node_id} stream broke after {got} chunk(s) ({type(e).__name__})") from None
+        finally:
+            writer.close()

@@ -1,0 +1,130 @@
+"""The peer listener: what this node does for other nodes of its cluster, and nothing for anyone else.
+
+Two operations (:mod:`protocol.cluster`), each refused unless the call is signed with the cluster
+key, fresh and not replayed (:class:`~protocol.cluster_auth.CallVerifier`) and carries a grant for
+exactly its key list (:class:`~protocol.cluster_auth.PeerGrant`). Only this node's chunk cache is
+read, never the upstream: a peer that does not hold a chunk says so and the asking node takes
+another path. Chunks are served from the cache under the grant's bucket incarnation, so a grant for
+one tenant's bucket can never reach another bucket's cached bytes. Sending is paced to
+``cluster.serve_max_bytes_per_s`` over all peers together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from awscrt import checksums as crt
+
+from protocol.cluster import CHUNK_HEAD, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
+from protocol.cluster_auth import CallVerifier, PeerGrant, denied
+from protocol.config import ClusterConfig
+from protocol.rpc import Op, encode_reply
+from protocol.wire import decode_keys
+
+from ..rpc_server import Reply, RpcCall, RpcServer
+from ..store.s3.chunks import S3ChunkSource
+
+log = logging.getLogger("objectcache.cluster")
+MAX_KEYS_BODY = 64 << 20
+
+
+@dataclass
+class Served:
+    lookups: int = 0
+    chunks: int = 0
+    bytes: int = 0
+    refused: int = 0
+    by_tenant: dict[str, int] = field(default_factory=dict)
+
+
+class Pace:
+    """A byte-rate cap shared by every peer stream this node serves (0: none)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate, self._next = bytes_per_s, 0.0
+
+    async def take(self, nbytes: int) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        start = max(now, self._next)
+        self._next = start + nbytes / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class PeerServer:
+    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource) -> None:
+        self.cfg, self.chunks = cfg, chunks
+        self.key = cfg.key.encode()
+        self.verifier = CallVerifier(self.key)
+        self.pace = Pace(cfg.serve_max_bytes_per_s)
+        self.served = Served()
+        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch}, max_body=MAX_KEYS_BODY,
+                             request_timeout_s=cfg.peer_timeout_s, single_request=True)
+
+    def _authorise(self, call: RpcCall) -> tuple[PeerGrant, list[str]]:
+        op, fields = call.request.op.value, call.request.fields
+        try:
+            self.verifier.verify(op, fields, call.body)
+            keys = decode_keys(call.body)
+            grant = PeerGrant.verify(fields.get("grant"), self.key, keys)
+            if grant.bucket != fields.get("bucket") or grant.bucket_id != fields.get("bucket_id"):
+                raise denied("the bucket is not the one its grant names")
+        except Exception:
+            self.served.refused += 1
+            raise
+        return grant, keys
+
+    def _warm(self, bucket_id: str, keys: list[str]) -> int:
+        return next((i for i, k in enumerate(keys) if self.chunks.cached_size(bucket_id, k)[1] is None), len(keys))
+
+    async def lookup(self, call: RpcCall) -> Reply:
+        grant, keys = self._authorise(call)
+        self.served.lookups += 1
+        return PeerLookupReply(self.cfg.node_id, self._warm(grant.bucket_id, keys), len(keys)).to_json()
+
+    async def fetch(self, call: RpcCall) -> Reply:
+        grant, keys = self._authorise(call)
+        want = PeerFetchRange.from_json(call.request.fields, len(keys))
+        writer = call.writer
+        writer.write(encode_reply(PeerFetchAccepted(self.cfg.node_id).to_json()))
+        loop = asyncio.get_running_loop()
+        for index in range(want.start, want.start + want.count):
+            cid, size = self.chunks.cached_size(grant.bucket_id, keys[index])
+            data = None
+            if size is not None:
+                self.chunks.files.policy.pin([cid])  # not evicted while it is read
+                try:
+                    data = await loop.run_in_executor(None, _read, os.fspath(self.chunks.files.path(cid, size)))
+                except FileNotFoundError:
+                    data = None
+                finally:
+                    self.chunks.files.policy.unpin([cid])
+            if data is None:
+                writer.write(CHUNK_HEAD.pack(index, NOT_HELD, 0))
+                break
+            await self.pace.take(len(data))
+            writer.write(CHUNK_HEAD.pack(index, len(data), crt.crc32c(data)) + data)
+            await writer.drain()
+            self.served.chunks += 1
+            self.served.bytes += len(data)
+            self.served.by_tenant[grant.tenant] = self.served.by_tenant.get(grant.tenant, 0) + len(data)
+        await writer.drain()
+        return None
+
+    async def listen(self, address: str) -> asyncio.AbstractServer:
+        return await self.rpc.listen("", address)
+
+    def status(self) -> dict[str, object]:
+        s = self.served
+        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused}

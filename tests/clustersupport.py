@@ -1,0 +1,66 @@
+"""Clusters of real ObjectCache nodes (``objectcache serve`` processes) over one upstream, for tests and ``bench cluster``."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import time
+from pathlib import Path
+
+from support import ServerProcess, TenantKeys, free_port
+
+REGISTRY = "oc-cluster-registry"
+
+
+def cluster_key() -> str:
+    return secrets.token_urlsafe(33)
+
+
+def node_config(root: Path, name: str, upstream, tenants: list[TenantKeys], key: str, port: int, *,
+                peers: dict[str, int] | None = None, registry: bool = True, cache_bytes: int = 1 << 30, **cluster: object) -> Path:
+    """A node with the s3 backend over ``upstream`` and a ``[cluster]`` table (its peer listener on ``port``)."""
+    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 5, "lookup_timeout_s": 2.0, "peer_timeout_s": 2.0, **cluster}
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
+    static = json.dumps([f"{n}=127.0.0.1:{p}" for n, p in (peers or {}).items()])
+    text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{upstream.config()}'
+            f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
+            f'[storage_server]\nsocket = "{root / name}.sock"\n'
+            f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\npeers = {static}\n'
+            f'registry_bucket = "{REGISTRY if registry else ""}"\n{extra}')
+    text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
+    path = root / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def start_node(root: Path, name: str, upstream, tenants: list[TenantKeys], key: str, **kw) -> ServerProcess:
+    port = kw.pop("port", None) or free_port()
+    node = ServerProcess(node_config(root, name, upstream, tenants, key, port, **kw)).start()
+    node.rpc_socket = str(root / f"{name}.sock")
+    node.peer_port = port  # type: ignore[attr-defined]
+    return node
+
+
+def status(node: ServerProcess) -> dict:
+    """The node's storage-server status (operator RPC over its Unix socket)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(node.rpc_socket)
+        s.sendall(json.dumps({"op": "status"}).encode() + b"\n")
+        return json.loads(s.makefile("rb").readline())
+
+
+def wait_for(check, timeout_s: float = 20.0, what: str = "condition"):
+    """Poll ``check`` until it returns something truthy (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_live(node: ServerProcess, peers: set[str]) -> None:
+    wait_for(lambda: peers <= set(status(node)["cluster"]["live_peers"]), what=f"{sorted(peers)} live on the node")

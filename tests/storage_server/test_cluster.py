@@ -1,0 +1,197 @@
+"""Nodes share their caches: three real nodes on loopback over one moto upstream.
+
+A kv-get arriving at node A fetches the chunks A misses from a peer's cache (node to node, under
+the cluster key and a grant A signs for the tenant's request) instead of the upstream; moto's
+request log counts the upstream GETs that saves. A peer killed mid-stream is replaced by another
+path within the same kv-get; nothing a tenant holds opens a peer path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+
+import numpy as np
+import pytest
+from clustersupport import cluster_key, start_node, status, wait_for, wait_live
+from kvsupport import TRANSPORTS, client, keys_for, make_chunks, reference, run, tiny_layout
+from support import boto_client, make_tenants
+from upstream import MotoServer
+
+from protocol.cluster_auth import PeerGrant, sign_call
+from protocol.rpc import Op, RpcRequest
+from protocol.wire import encode_keys
+
+LAYOUT = tiny_layout(16, num_layers=8)  # S = 32 bytes, a chunk is 256 bytes
+CHUNK = LAYOUT.chunk_bytes
+
+
+def chunk_gets(moto: MotoServer, bucket: str, since: int) -> list[str]:
+    return [r for r in moto.requests()[since:] if re.match(rf"GET /{bucket}/(?!\.objectcache)\S+ ", r)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """moto + nodes a, b, c finding each other through heartbeat records in the upstream; tenants alice and bob."""
+    root = tmp_path_factory.mktemp("cluster")
+    moto = MotoServer(root / "moto.log").start()
+    people = make_tenants("alice", "bob")
+    key = cluster_key()
+    nodes = {n: start_node(root, n, moto, people, key) for n in ("a", "b", "c")}
+    for name, n in nodes.items():
+        wait_live(n, set(nodes) - {name})
+    yield moto, nodes, {t.name: t for t in people}, key, root
+    for n in nodes.values():
+        n.stop()
+    moto.stop()
+
+
+async def _put(node, tenant, bucket, keys, chunks) -> None:
+    async with client(node, tenant, bucket) as c:
+        assert await c.put_chunks(keys, chunks, LAYOUT) == len(keys)
+
+
+async def _fetch(node, tenant, bucket, keys, transport="http"):
+    async with client(node, tenant, bucket) as c:
+        return await c.fetch(keys, LAYOUT, transport, mode="layerwise")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_prefix_warm_only_on_b_is_fetched_through_a_from_b_with_no_upstream_get(cluster, transport):
+    moto, nodes, people, _, _ = cluster
+    a, b = nodes["a"], nodes["b"]
+    bucket = f"warm-on-b-{transport}"
+    boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+    n = 40
+    keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=7)
+    run(_put(b, people["alice"], bucket, keys, chunks))  # written through B's cache: warm on B only
+    served = status(b)["cluster"]["served"]["bytes"]
+    before = len(moto.requests())
+    payload, stats = run(_fetch(a, people["alice"], bucket, keys, transport))
+    assert np.array_equal(payload, reference(LAYOUT, chunks))
+    assert chunk_gets(moto, bucket, before) == [], "".join(a.output[-30:])  # not one chunk from the upstream
+    assert stats.server.paths == {"peer:b": n * CHUNK} and stats.server.failovers == 0
+    assert status(b)["cluster"]["served"]["bytes"] - served == n * CHUNK
+    # Written through A's cache as an upstream fetch would be: the next kv-get is local.
+    payload, stats = run(_fetch(a, people["alice"], bucket, keys, transport))
+    assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"local": n * CHUNK}
+
+
+def test_a_split_prefix_comes_partly_from_the_cache_partly_from_a_peer_and_the_rest_from_the_upstream(cluster):
+    moto, nodes, people, _, _ = cluster
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    bucket = "split"
+    boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+    n = 30
+    keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=8)
+    run(_put(c, people["alice"], bucket, keys, chunks))  # warm on C (all of it)
+    run(_fetch(a, people["alice"], bucket, keys[:10]))  # A now holds the head (from C)
+    run(_put(b, people["alice"], bucket, keys[:20], chunks[:20]))  # B holds 20: fewer than C, so C is asked first
+    more_keys = keys_for(LAYOUT, n + 10, bucket)[n:]
+    more_chunks = make_chunks(LAYOUT, 10, seed=9)
+    boto = boto_client(a.endpoint, people["alice"])
+    for k, ch in zip(more_keys, more_chunks):  # stored upstream only (plain S3 PUTs keep no cache copy)
+        boto.put_object(Bucket=bucket, Key=k, Body=ch.tobytes())
+    before = len(moto.requests())
+    payload, stats = run(_fetch(a, people["alice"], bucket, keys + more_keys))
+    assert np.array_equal(payload, reference(LAYOUT, chunks + more_chunks))
+    assert stats.server.paths == {"local": 10 * CHUNK, "peer:c": 20 * CHUNK, "upstream": 10 * CHUNK}
+    assert len(chunk_gets(moto, bucket, before)) == 10
+
+
+def test_killing_the_serving_peer_mid_transfer_completes_the_kv_get_through_another_path(cluster, tmp_path):
+    moto, nodes, people, key, _ = cluster
+    a = nodes["a"]
+    # A slow peer (its serving rate capped) that is the first choice (node ids rank "b0" before "c"), and C warm too.
+    slow = start_node(tmp_path, "b0", moto, list(people.values()), key, serve_max_bytes_per_s=8 * CHUNK)
+    try:
+        wait_live(a, {"b0"})
+        bucket = "failover"
+        boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+        n = 64
+        keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=11)
+        run(_put(slow, people["alice"], bucket, keys, chunks))
+        run(_put(nodes["c"], people["alice"], bucket, keys, chunks))  # an identical re-put keeps a copy in C's cache
+        before = len(moto.requests())
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(out=run(_fetch(a, people["alice"], bucket, keys))))
+        t.start()
+        wait_for(lambda: status(slow)["cluster"]["served"]["chunks"] >= 2, what="the slow peer streaming")
+        slow.kill()  # mid-transfer: its streams break
+        t.join(60)
+        payload, stats = result["out"]
+        assert np.array_equal(payload, reference(LAYOUT, chunks))
+        paths = stats.server.paths
+        assert paths.get("peer:b0", 0) > 0 and paths.get("peer:c", 0) > 0 and sum(paths.values()) == n * CHUNK
+        assert stats.server.failovers >= 1 and chunk_gets(moto, bucket, before) == []
+        assert status(a)["cluster"]["failovers"] >= 1
+    finally:
+        slow.kill()
+
+
+def test_bob_cannot_use_alices_chunks_through_any_peer_path(cluster):
+    moto, nodes, people, _, _ = cluster
+    a, b = nodes["a"], nodes["b"]
+    bucket = "alices-kv"
+    boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+    n = 8
+    keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=13)
+    run(_put(b, people["alice"], bucket, keys, chunks))  # warm on B
+    served = status(b)["cluster"]["served"]
+    with pytest.raises(Exception, match="AccessDenied"):
+        run(_fetch(a, people["bob"], bucket, keys))  # refused at A's gateway: no grant, no peer call
+    # Bob's own bucket asking for the very same keys: grants name his bucket's incarnation, whose chunks nobody holds.
+    boto_client(a.endpoint, people["bob"]).create_bucket(Bucket="bobs-kv")
+    with pytest.raises(Exception, match="NoSuchKey"):
+        run(_fetch(a, people["bob"], "bobs-kv", keys))
+    after = status(b)["cluster"]["served"]
+    assert after["bytes"] == served["bytes"] and after["chunks"] == served["chunks"]
+
+
+def _peer_call(port: int, op: Op, fields: dict, body: bytes) -> dict:
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(RpcRequest(op, fields, len(body)).encode() + body)
+        line = await reader.readline()
+        writer.close()
+        return json.loads(line)
+
+    return run(go())
+
+
+def test_a_peer_call_without_the_cluster_key_is_refused(cluster):
+    _, nodes, people, key, _ = cluster
+    b = nodes["b"]
+    bucket = "alices-kv"  # from the test above when run together; any bucket will do for refusals
+    keys = keys_for(LAYOUT, 4, bucket)
+    body = encode_keys(keys)
+    fields = {"bucket": bucket, "bucket_id": "x", "start": 0, "count": 4}
+    port = b.peer_port
+    refused = status(b)["cluster"]["served"]["refused"]
+    # No signature at all (what a tenant could send).
+    reply = _peer_call(port, Op.PEER_FETCH, fields, body)
+    assert not reply["ok"] and reply["error"]["code"] == "AccessDenied"
+    # Signed with another key, grant included.
+    wrong = b"w" * 40
+    grant = PeerGrant.issue(wrong, tenant="bob", bucket=bucket, bucket_id="x", keys=keys, request_id="r", issuer="mallory", ttl_s=30)
+    reply = _peer_call(port, Op.PEER_FETCH, sign_call(wrong, "mallory", Op.PEER_FETCH.value, {**fields, "grant": grant}, body), body)
+    assert not reply["ok"] and "signature" in reply["error"]["message"]
+    # The right key but the grant signed with another (or none): still refused.
+    k = key.encode()
+    reply = _peer_call(port, Op.PEER_LOOKUP, sign_call(k, "a", Op.PEER_LOOKUP.value, {**fields, "grant": grant}, body), body)
+    assert not reply["ok"] and "grant" in reply["error"]["message"]
+    # A correct call replayed is refused the second time; a grant for other keys is refused.
+    good = PeerGrant.issue(k, tenant="alice", bucket=bucket, bucket_id="x", keys=keys, request_id="r", issuer="a", ttl_s=30)
+    signed = sign_call(k, "a", Op.PEER_LOOKUP.value, {**fields, "grant": good}, body)
+    assert _peer_call(port, Op.PEER_LOOKUP, signed, body)["ok"]
+    reply = _peer_call(port, Op.PEER_LOOKUP, signed, body)
+    assert not reply["ok"] and "replayed" in reply["error"]["message"]
+    other = encode_keys(keys[:3])
+    reply = _peer_call(port, Op.PEER_LOOKUP, sign_call(k, "a", Op.PEER_LOOKUP.value, {**fields, "grant": good}, other), other)
+    assert not reply["ok"] and "keys" in reply["error"]["message"]
+    # Tenant operations are not served on the peer listener at all.
+    reply = _peer_call(port, Op.KV_GET, {"tenant": "alice", "bucket": bucket}, b"")
+    assert not reply["ok"] and "not served" in reply["error"]["message"]
+    assert status(b)["cluster"]["served"]["refused"] >= refused + 5
