@@ -7,8 +7,7 @@ import json
 import pytest
 
 from protocol.errors import S3Error
-from protocol.estimate import (MAX_ESTIMATE_CANDIDATES, MAX_ESTIMATE_KEYS, CandidateEstimate, EstimateReply, EstimateRequest,
-                               LinkInputs, PathSegment, WarmRun)
+from protocol.estimate import MAX_ESTIMATE_CANDIDATES, MAX_ESTIMATE_KEYS, CandidateEstimate, EstimateReply, EstimateRequest, LinkInputs, PathSegment, WarmRun
 from scheduler import LinkView, OracleView, PathRequest, Source, SourceKind, Tier, choose_path
 from scheduler.estimate import candidate_estimate
 

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import (LinkView, NoPath, OracleView, PathRequest, Placement, Source, SourceKind, Tier, choose_path, ewma,
-                       ps_seconds, schedule_batch, tier_between)
+from scheduler import LinkView, NoPath, OracleView, PathRequest, Placement, Source, SourceKind, Tier, choose_path, ewma, ps_seconds, schedule_batch, tier_between
 from scheduler.oracle import estimate_path, modelled_ttft
 
 GB = 1e9
