@@ -1,11 +1,19 @@
-"""Pure bandwidth-allocation policy for layerwise KV loads (no I/O).
+"""Pure scheduling decisions (no I/O): bandwidth allocation for layerwise KV loads, the delivery-time
+oracle's cost model and the path scheduler.
 
 ```python
 from scheduler import TransferDemand, allocate
 rates = allocate("calibrated-stall-opt", demands, capacity=B, margin=delta)  # bytes/s, one per demand
+
+from scheduler import OracleView, PathRequest, choose_path
+choice = choose_path(PathRequest(num_chunks, chunk_bytes, num_layers), view)  # fastest path or split
 ```
 """
 
+from .oracle import DEFAULT_TIERS, LinkView, Placement, Tier, TierLink, estimate_path, ewma, ps_seconds, tier_between
+from .paths import NoPath, OracleView, PathChoice, PathRequest, Segment, Source, SourceKind, choose_path, schedule_batch, with_choice
 from .policies import POLICIES, TransferDemand, added_stall, allocate, objective, water_fill
 
-__all__ = ["POLICIES", "TransferDemand", "added_stall", "allocate", "objective", "water_fill"]
+__all__ = ["DEFAULT_TIERS", "POLICIES", "LinkView", "NoPath", "OracleView", "PathChoice", "PathRequest", "Placement", "Segment",
+           "Source", "SourceKind", "Tier", "TierLink", "TransferDemand", "added_stall", "allocate", "choose_path", "estimate_path",
+           "ewma", "objective", "ps_seconds", "schedule_batch", "tier_between", "water_fill", "with_choice"]
