@@ -210,8 +210,13 @@ class CacheConfig(Section):
     max_bytes: int = 100 * 1024**3
     # Chunks one kv-get fetches from the upstream at once (s3 backend).
     fetch_concurrency: int = 16
+    # s3 backend: a cached chunk not confirmed for this long is checked against the upstream
+    # (one HEAD, its ETag) before a kv-get serves it, so a chunk deleted or replaced through
+    # another node is served from a stale copy at most this long. 0: checked at every kv-get.
+    revalidate_after_s: float = 60.0
 
     def validate(self) -> None:
+        self.require(self.revalidate_after_s >= 0, "revalidate_after_s", "must be >= 0 (0 = checked at every kv-get)")
         self.require(self.max_bytes >= 1, "max_bytes", "must be at least 1")
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
 

@@ -50,7 +50,8 @@ def _s3_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     from .s3.store import S3Store
 
     assert isinstance(store, S3Store)
-    return S3ChunkSource(store, config.data_dir / "chunk-cache", config.cache.max_bytes, config.cache.fetch_concurrency)
+    return S3ChunkSource(store, config.data_dir / "chunk-cache", config.cache.max_bytes, config.cache.fetch_concurrency,
+                         config.cache.revalidate_after_s)
 
 
 BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks), "s3": Backend(_s3_store, _s3_chunks)}

@@ -2,7 +2,8 @@
 
 A ticket minted for alice's bucket must not outlive that bucket: once she deletes it and
 bob creates a bucket of the same name with chunks under the same keys, presenting the
-ticket on the data endpoint is refused, and none of bob's bytes are sent.
+ticket on the data endpoint is refused, and none of bob's bytes are sent. On both backends
+(the s3 one over moto's server).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from kvsupport import client, keys_for, make_chunks, run, tiny_layout
 from rawhttp import signed
 from support import ServerProcess, boto_client, make_tenants, write_config
+from upstream import MotoServer
 
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT
 from protocol.wire import Descriptor, Target, TransportKind, encode_descriptor
@@ -23,16 +25,21 @@ LAYOUT = tiny_layout(16, num_layers=4)
 N = 4
 
 
-@pytest.fixture
-def node(tmp_path: Path):
+@pytest.fixture(params=["local", "s3"])
+def node(tmp_path: Path, request):
     people = {t.name: t for t in make_tenants("alice", "bob")}
+    moto = MotoServer(tmp_path / "moto.log").start() if request.param == "s3" else None
     config = write_config(tmp_path / "c.toml", tmp_path / "data", list(people.values()),
                           extra=f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ndata_listen = "127.0.0.1:0"\n')
+    if moto:  # the s3 backend over moto: backend in [store], then the [store.s3] table
+        config.write_text(config.read_text().replace("[store]\n", '[store]\nbackend = "s3"\n', 1) + "\n" + moto.config())
     proc = ServerProcess(config).start()
     try:
         yield proc, people
     finally:
         proc.stop()
+        if moto:
+            moto.stop()
 
 
 def _descriptor(keys: list[str]) -> bytes:

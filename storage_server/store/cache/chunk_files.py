@@ -1,9 +1,11 @@
 """A directory of cached chunk files that never holds more than ``max_bytes`` of chunk data.
 
-Each chunk is one file ``<xx>/<id>.<size>``: ``id`` names (bucket incarnation, key),
+Each chunk is one file ``<xx>/<id>.<size>.<version>``: ``id`` names (bucket incarnation, key),
 ``size`` lets a restarted cache rebuild its index from a directory listing alone
 (a file whose length differs from its name is a torn write and is removed) without
-refetching anything. Files are written under ``tmp/`` and renamed, so a name always
+refetching anything, and ``version`` is the upstream ETag of those bytes (letters, digits
+and ``-``), so the copy can be checked against the upstream's current object after a
+restart too (a file without one is an unknown version). Files are written under ``tmp/`` and renamed, so a name always
 holds whole bytes; the upstream holds the durable copy, so nothing is fsync'd.
 
 Space is *reserved* before a file is written; a reservation evicts unpinned entries
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +32,11 @@ def chunk_id(bucket_id: str, key: str) -> str:
     return hashlib.sha256(f"{bucket_id}\0{key}".encode()).hexdigest()[:40]
 
 
+def version_tag(etag: str) -> str:
+    """An upstream ETag as a file-name part: the characters an ETag is made of (hex digits, ``-``), quotes dropped."""
+    return re.sub(r"[^0-9A-Za-z-]", "", etag)[:80]
+
+
 class ChunkFiles:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root, self.max_bytes = root, max_bytes
@@ -35,28 +44,38 @@ class ChunkFiles:
         shutil.rmtree(self.tmp, ignore_errors=True)  # writes a crash interrupted
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.policy = LruPolicy()
+        self.versions: dict[str, str] = {}  # cid -> version_tag of its bytes ("" unknown)
+        self.confirmed: dict[str, float] = {}  # cid -> when (monotonic) the copy was last known current; absent: never (a restart)
         self.reserved = 0
         self.evicted = 0
         self._rebuild()
 
     def path(self, cid: str, size: int) -> Path:
-        return self.root / cid[:2] / f"{cid}.{size}"
+        version = self.versions.get(cid, "")
+        return self.root / cid[:2] / (f"{cid}.{size}.{version}" if version else f"{cid}.{size}")
+
+    def version(self, cid: str) -> str:
+        """The upstream version (``version_tag`` of its ETag) the cached copy holds; "" if unknown."""
+        return self.versions.get(cid, "")
 
     def _rebuild(self) -> None:
         """The index from the directory: oldest-written first (access order is not kept across restarts)."""
-        found: list[tuple[float, str, int]] = []
+        found: list[tuple[float, str, int, str]] = []
         for sub in self.root.iterdir():
             if sub == self.tmp or not sub.is_dir():
                 continue
             for f in sub.iterdir():
-                cid, _, size = f.name.partition(".")
+                cid, _, rest = f.name.partition(".")
+                size, _, version = rest.partition(".")
                 st = f.stat()
-                if not size.isdigit() or st.st_size != int(size):
+                if not size.isdigit() or st.st_size != int(size) or version != version_tag(version):
                     f.unlink(missing_ok=True)
                     continue
-                found.append((st.st_mtime, cid, int(size)))
-        for _, cid, size in sorted(found):
+                found.append((st.st_mtime, cid, int(size), version))
+        for _, cid, size, version in sorted(found):
             self.policy.add(cid, size)
+            if version:
+                self.versions[cid] = version
         self._evict(self.policy.used - self.max_bytes)  # max_bytes may have shrunk since
 
     def size(self, cid: str) -> int | None:
@@ -86,12 +105,15 @@ class ChunkFiles:
     def new_tmp(self) -> Path:
         return self.tmp / uuid.uuid4().hex
 
-    def commit(self, cid: str, tmp: Path, size: int) -> Path:
-        """A written temp file (its space reserved) becomes the cached chunk ``cid``, newest."""
+    def commit(self, cid: str, tmp: Path, size: int, etag: str = "") -> Path:
+        """A written temp file (its space reserved) becomes the cached chunk ``cid`` (the upstream's ``etag`` of it), newest."""
         self.reserved -= size
         old = self.policy.size(cid)
         if old is not None:
             self.drop(cid)
+        if version_tag(etag):
+            self.versions[cid] = version_tag(etag)
+            self.confirmed[cid] = time.monotonic()
         final = self.path(cid, size)
         final.parent.mkdir(exist_ok=True)
         os.rename(tmp, final)
@@ -104,6 +126,8 @@ class ChunkFiles:
         if size is not None:
             self.policy.remove(cid)
             self.path(cid, size).unlink(missing_ok=True)
+        self.versions.pop(cid, None)
+        self.confirmed.pop(cid, None)
 
     def status(self) -> dict[str, int]:
         return {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy), "reserved": self.reserved,

@@ -13,7 +13,8 @@ unless the operator names it, with the one tenant who may claim it, in
 ``store.s3.adopt_buckets``. Records are read again for every ownership question unless
 ``store.s3.bucket_record_ttl_s`` allows a process to reuse one that long: a record is also
 the bucket's incarnation, and a stale one would let a tenant into a bucket deleted and
-recreated by another through another node.
+recreated by another through another node. (A node that dies between creating the upstream
+bucket and claiming it leaves such a bucket too: adopting it is the way back.)
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ class BucketMarkers:
         refused = S3Error(ErrorCode.BucketAlreadyExists, resource=f"/{name}", extra={"BucketName": name})
         try:
             existing = await self._read(name)
-        except S3Error:
+        except S3Error as e:
+            if e.code == ErrorCode.ServiceUnavailable:
+                raise
             raise refused from None  # not readable with ObjectCache's credentials: someone else's bucket
         if existing is not None:
             raise self._taken(name, existing, owner)

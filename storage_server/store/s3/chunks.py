@@ -23,15 +23,20 @@ is asked first for the chunks a kv-get misses; it writes whole chunks through th
 Chunks are cached under (bucket incarnation, key), so a bucket deleted and created again
 by someone else never sees the old bucket's cached bytes. Changes made through this
 process's store drop the cached copy; a delete through *another* node is seen by the next
-kv-lookup of the prefix (above). A kv-get serves what the cache holds without asking the
-upstream (a warm kv-get costs no upstream request).
+kv-lookup of the prefix (above), and by a kv-get within ``revalidate_after_s``: a cached
+copy not confirmed for that long is checked with one HEAD (its ETag against the version
+the copy holds) before it is served, and a deleted or replaced chunk is dropped (then
+fetched again, or NoSuchKey). A warm kv-get of recently confirmed chunks asks the upstream
+about no chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +45,7 @@ from typing import Protocol
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
-from ..cache.chunk_files import ChunkFiles, chunk_id
+from ..cache.chunk_files import ChunkFiles, chunk_id, version_tag
 from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..object_store import PutSpec
 from .buckets import check_key
@@ -82,10 +87,12 @@ class SecondSource(Protocol):
 
 
 class S3ChunkSource(ChunkSource):
-    def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int) -> None:
+    def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int, revalidate_after_s: float = 60.0) -> None:
         self.store, self.up = store, store.up
         self.files = ChunkFiles(cache_dir, max_bytes)
         self.concurrency = fetch_concurrency
+        self.revalidate_after_s = revalidate_after_s
+        self.revalidated = 0
         self._bucket_ids: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self.fetched = 0
@@ -140,7 +147,7 @@ class S3ChunkSource(ChunkSource):
                 return (await self.store.put_object(bucket, key, _once(data), CHUNK_SPEC, owner)).etag
 
         etags = await asyncio.gather(*(one(k, d) for k, d in items))
-        for cid, (_, data) in reversed(list(zip(cids, items))):  # the head written last is the newest
+        for cid, (_, data), etag in reversed(list(zip(cids, items, etags))):  # the head written last is the newest
             if self.files.size(cid) is None and self.files.reserve(len(data)):
                 tmp = self.files.new_tmp()
                 try:
@@ -149,7 +156,7 @@ class S3ChunkSource(ChunkSource):
                     self.files.unreserve(len(data))
                     tmp.unlink(missing_ok=True)
                     raise
-                self.files.commit(cid, tmp, len(data))
+                self.files.commit(cid, tmp, len(data), etag)
         return list(etags)
 
     # -- pin -------------------------------------------------------------------
@@ -211,6 +218,7 @@ class S3ChunkSource(ChunkSource):
         resp = await self.up.call("get_object", Bucket=bucket, Key=key, resource=resource)
         body = resp["Body"]
         size = int(resp["ContentLength"])
+        etag = str(resp.get("ETag", ""))
         if not self.files.reserve(size):
             body.close()
             raise S3Error(ErrorCode.ServiceUnavailable, "The chunk cache is full of chunks other transfers hold "
@@ -228,11 +236,38 @@ class S3ChunkSource(ChunkSource):
             self.files.unreserve(size)
             tmp.unlink(missing_ok=True)
             raise
-        self.files.commit(cid, tmp, size)
+        self.files.commit(cid, tmp, size, etag)
         self.fetched += 1
+
+    async def _revalidate(self, bucket: str, keys: list[str], cids: list[str]) -> None:
+        """Check cached copies not confirmed within ``revalidate_after_s`` against the upstream (a HEAD each, its ETag);
+        one deleted or replaced there is dropped, so the kv-get fetches it again or answers NoSuchKey."""
+        now = time.monotonic()
+        stale = [(k, c) for k, c in zip(keys, cids)
+                 if self.files.size(c) is not None and now - self.files.confirmed.get(c, -math.inf) >= self.revalidate_after_s]
+        if not stale:
+            return
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: str, cid: str) -> None:
+            async with gate:
+                try:
+                    etag = str((await self.up.call("head_object", Bucket=bucket, Key=key, resource=f"/{bucket}/{key}")).get("ETag", ""))
+                except S3Error as e:
+                    if e.code not in (ErrorCode.NoSuchKey, ErrorCode.NoSuchBucket):
+                        raise
+                    etag = ""
+            self.revalidated += 1
+            if etag and version_tag(etag) == self.files.version(cid):
+                self.files.confirmed[cid] = time.monotonic()
+            else:
+                self.files.drop(cid)  # a transfer holding it keeps its descriptor
+
+        await asyncio.gather(*(one(k, c) for k, c in stale))
 
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         cids = await self._ids(bucket, keys)
+        await self._revalidate(bucket, keys, cids)
         pinned: list[str] = []
         fds: list[int] = []
         upstream: list[str] = []
@@ -289,7 +324,7 @@ class S3ChunkSource(ChunkSource):
         self.files.policy.unpin(pinned)
 
     def status(self) -> dict[str, object]:
-        return {"chunk_cache": self.files.status() | {"fetched": self.fetched}}
+        return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated}}
 
     async def close(self) -> None:
         if self._invalidate in self.store.listeners:

@@ -122,8 +122,8 @@ class Upstream:
             status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             if status == 404:
                 return False
-            if status == 403:
-                return True
+            if status in (301, 403):
+                return True  # someone else's (403), or in another region (301)
             raise translate(e, ErrorCode.NoSuchBucket, f"/{bucket}") from None
         except _TRANSPORT_ERRORS as e:
             raise unavailable(e, f"/{bucket}") from None
