@@ -8,7 +8,7 @@ from typing import Any
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
+from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply, reply_bytes
 from protocol.rpc_auth import HANDSHAKE_TIMEOUT_S, client_handshake, storage_rpc_key
 
 CONNECT_TIMEOUT_S = 5.0
@@ -66,8 +66,11 @@ class StorageServerClient:
             if line.startswith(b'{"auth"'):  # a challenge: the listener wants a key this gateway does not have
                 log.error("storage-server RPC at %s requires a shared key: set storage_server.rpc_key_file on the gateway too", self._tcp)
                 raise S3Error(ErrorCode.ServiceUnavailable, "The storage server requires an RPC key this gateway does not have (see the gateway log).")
-            return decode_reply(line), reader, writer
-        except (OSError, ValueError) as e:
+            reply = decode_reply(line)
+            if (n := reply_bytes(reply)) is not None:  # a long reply follows its line
+                reply = decode_reply(await reader.readexactly(n))
+            return reply, reader, writer
+        except (OSError, ValueError, asyncio.IncompleteReadError) as e:
             writer.close()
             raise S3Error(ErrorCode.ServiceUnavailable, f"The storage server failed mid-request ({e.__class__.__name__}).") from None
         except BaseException:

@@ -108,10 +108,12 @@ def cmd_gateway(args: argparse.Namespace, cfg: Config) -> int:
 
 def cmd_storage_server(args: argparse.Namespace, cfg: Config) -> int:
     from storage_server.daemon import StorageServer
+    from storage_server.fd_budget import raise_fd_limit
     from storage_server.store import open_chunk_source, open_object_store
 
     # Before anything opens the store or its socket: one storage server per data directory.
     lock_fd = adopt_lock(args.lock_fd, cfg.data_dir) if args.lock_fd is not None else lock_data_dir(cfg.data_dir)
+    raise_fd_limit()  # before the open-file cache sizes itself from it
 
     async def start():
         store = open_object_store(cfg)

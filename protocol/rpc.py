@@ -77,8 +77,19 @@ def _bad(message: str) -> S3Error:
     return S3Error(ErrorCode.InvalidRequest, f"bad RPC request: {message}")
 
 
+# A reply whose line would be longer than this (a kv-put of 32,768 chunks answers 32,768 ETags) goes as a
+# short line ``{"ok": true, "reply_bytes": n}`` followed by its JSON object in ``n`` bytes: every reply
+# line stays within MAX_REQUEST_LINE, whatever the reply holds.
+MAX_REPLY_LINE = MAX_REQUEST_LINE // 2
+MAX_REPLY_BYTES = 256 << 20
+REPLY_BYTES = "reply_bytes"
+
+
 def encode_reply(fields: dict[str, Any]) -> bytes:
-    return json.dumps({"ok": True, **fields}).encode() + b"\n"
+    obj = json.dumps({"ok": True, **fields}).encode()
+    if len(obj) < MAX_REPLY_LINE:
+        return obj + b"\n"
+    return json.dumps({"ok": True, REPLY_BYTES: len(obj)}).encode() + b"\n" + obj
 
 
 def encode_error(err: S3Error) -> bytes:
@@ -86,13 +97,24 @@ def encode_error(err: S3Error) -> bytes:
 
 
 def decode_reply(line: bytes) -> dict[str, Any]:
-    """The reply's fields, or the S3Error it carries."""
+    """The reply's fields, or the S3Error it carries. A reply sent after its line (:func:`reply_bytes`
+    says how long) is decoded by this too, given those bytes."""
     reply = json.loads(line)
     if not isinstance(reply, dict):
         raise ValueError("the reply line must be a JSON object")
     if not reply.pop("ok", False):
         raise S3Error.from_dict(reply.get("error") or {})
     return reply
+
+
+def reply_bytes(fields: dict[str, Any]) -> int | None:
+    """How many bytes of reply follow a reply line that only announces them (None: the line was the reply)."""
+    n = fields.get(REPLY_BYTES)
+    if len(fields) != 1 or n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_REPLY_BYTES:
+        raise ValueError(f"{REPLY_BYTES} {n!r} is not an integer in 1..{MAX_REPLY_BYTES}")
+    return n
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .executor import Executor, Pacer, ReadPlan
+from .fd_budget import FdBudget
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
@@ -102,6 +103,7 @@ class KVService:
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
+        self.fds = FdBudget()
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -175,10 +177,14 @@ class KVService:
 
     # -- kv-get ----------------------------------------------------------------------
     async def get(self, call: RpcCall) -> Reply:
-        tenant, bucket = call.field("tenant"), call.field("bucket")
-        request_id = str(call.request.fields.get("request_id", ""))
         arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
+        async with self.fds.hold(len(set(d.chunk_keys))):  # its chunk files open beside the other transfers', never EMFILE
+            return await self._get(call, d, arrived)
+
+    async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:
+        tenant, bucket = call.field("tenant"), call.field("bucket")
+        request_id = str(call.request.fields.get("request_id", ""))
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s)
         slot = next(self._transfers)
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
@@ -274,6 +280,7 @@ class KVService:
             "transfers_completed": self.completed,
             "bytes_delivered": self.bytes_delivered,
             "http_staging": self.staging.status(),
+            "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
         }
 

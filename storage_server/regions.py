@@ -136,7 +136,12 @@ def map_sealed_memfd(fd: int, size: int) -> mmap.mmap:
     if st.st_size < size:
         raise S3Error(ErrorCode.InvalidArgument, f"the handed-over memfd has {st.st_size} bytes, fewer than the {size} registered",
                       extra={"ArgumentName": "size"})
-    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, OverflowError, ValueError) as e:  # ENOMEM: no address space (or map count) left for it
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        raise S3Error(ErrorCode.ServiceUnavailable, f"the storage server cannot map a region of {size} bytes now ({why}); "
+                      "register a smaller region or retry later", extra={"ArgumentName": "size"}) from None
 
 
 class RegionRegistry:

@@ -74,6 +74,13 @@ class HandoverServer:
                 reply = encode_error(e)
             except asyncio.TimeoutError:
                 reply = encode_error(S3Error(ErrorCode.RequestTimeout, "no ticket arrived on the hand-over socket in time"))
+            except (OSError, MemoryError) as e:  # the region could not be set up here (e.g. populating it): say so
+                log.warning("shm hand-over failed: %s", e)
+                reply = encode_error(S3Error(ErrorCode.ServiceUnavailable, f"the storage server could not take the region "
+                                             f"({e.__class__.__name__}: {e}); retry later or register a smaller one"))
+            except Exception as e:  # a bug: still an answer, never a silently closed socket
+                log.exception("shm hand-over failed")
+                reply = encode_error(S3Error(ErrorCode.InternalError, f"shm hand-over failed: {e.__class__.__name__}"))
             await loop.sock_sendall(conn, reply)
         except OSError as e:
             log.info("shm hand-over connection failed: %s", e)
