@@ -17,8 +17,8 @@ from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, with_dev_
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
-from .restart import RestartBackoff
 from .sdnotify import notify
+from .supervise import Supervised
 
 READY = "READY"
 # A process that could not start and has said why in one line on stderr exits with this;
@@ -159,27 +159,31 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
-    """Run both processes; keep the gateway up and restart a crashed storage server."""
+    """Run both processes and keep both up: either one that exits is restarted (:mod:`.supervise`)."""
     cfg, dev = with_dev_tenant(cfg)
-    children: dict[str, subprocess.Popen] = {}
+    port: int | None = args.port  # the gateway's, fixed after its first start (--port 0 picks one)
+
+    storage = Supervised("storage server", "plain S3 keeps working meanwhile", lambda: _spawn("storage-server", args, None),
+                         lambda p: _await_ready(p, "storage server"))
+    gateway = Supervised("gateway", "the storage server and its regions stay up meanwhile", lambda: _spawn("gateway", args, port),
+                         lambda p: _await_ready(p, "gateway"))
+    children = (gateway, storage)  # stopped in this order: the gateway drains first (its requests may need the storage server)
     stopping = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
-        gateway = children.get("gateway")
-        if gateway is not None and gateway.poll() is None:
-            gateway.terminate()
-        elif gateway is None and "storage-server" in children and children["storage-server"].poll() is None:
-            children["storage-server"].terminate()  # stopped while starting: nothing to drain
+        for child in children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+                return  # the gateway drains first; the storage server is stopped below once it has
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        children["storage-server"] = _spawn("storage-server", args, None)
-        rpc = _await_ready(children["storage-server"], "storage server")
-        children["gateway"] = _spawn("gateway", args, args.port)
-        endpoint = _await_ready(children["gateway"], "gateway")
+        rpc = storage.launch()
+        endpoint = gateway.launch()
+        port = int(endpoint.rsplit(":", 1)[1])
         print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
@@ -188,27 +192,15 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
         notify("READY=1")
-        backoff = RestartBackoff()
-        started = time.monotonic()
-        while not stopping and children["gateway"].poll() is None:
+        while not stopping:
             time.sleep(0.2)
-            storage = children["storage-server"]
-            if storage.poll() is not None and not stopping:
-                delay = backoff.delay_after_crash(time.monotonic() - started)
-                print(f"objectcache: storage server exited with {storage.returncode}; restarting in {delay:.1f}s "
-                      "(plain S3 keeps working meanwhile)", flush=True)
-                time.sleep(delay)
-                if stopping:
-                    break
-                children["storage-server"] = _spawn("storage-server", args, None)
-                _await_ready(children["storage-server"], "storage server")
-                started = time.monotonic()
-                print("objectcache: storage server is back", flush=True)
+            for child in children:
+                if not stopping:
+                    child.tend(time.monotonic(), lambda line: print(line, flush=True))
     finally:
         notify("STOPPING=1")
-        # The gateway drains first (its requests in flight may need the storage server), then the storage server stops.
-        for name in ("gateway", "storage-server"):
-            p = children.get(name)
+        for child in children:
+            p = child.proc
             if p is None:
                 continue
             if p.poll() is None:
@@ -217,7 +209,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
                 p.wait(timeout=cfg.gateway.drain_timeout_s + 10)
             except subprocess.TimeoutExpired:
                 p.kill()
-    codes = [p.returncode for p in children.values()]
+    codes = [c.proc.returncode for c in children if c.proc is not None]
     return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
 
 
