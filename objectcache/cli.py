@@ -18,8 +18,8 @@ from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, recorded_
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
-from .restart import RestartBackoff
 from .sdnotify import notify
+from .supervise import Supervised
 
 READY = "READY"
 # A process that could not start and has said why in one line on stderr exits with this;
@@ -178,10 +178,16 @@ def _await_ready(proc: subprocess.Popen, role: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
-    """Run both processes; keep the gateway up and restart a crashed storage server."""
+    """Run both processes and keep both up: either one that exits is restarted (:mod:`.supervise`)."""
     # The data directory's lock comes first: a second server refused here has written nothing.
     lock_fd = lock_data_dir(cfg.data_dir)
-    children: dict[str, subprocess.Popen] = {}
+    port: int | None = args.port  # the gateway's, fixed after its first start (--port 0 picks one)
+
+    storage = Supervised("storage server", "plain S3 keeps working meanwhile", lambda: _spawn("storage-server", args, None, lock_fd),
+                         lambda p: _await_ready(p, "storage server"))
+    gateway = Supervised("gateway", "the storage server and its regions stay up meanwhile", lambda: _spawn("gateway", args, port),
+                         lambda p: _await_ready(p, "gateway"))
+    children = (gateway, storage)  # stopped in this order: the gateway drains first (its requests may need the storage server)
     stopping = False
 
     def stop(*_: object) -> None:
@@ -190,50 +196,38 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
             _say(f"stopping: the gateway finishes requests in flight (up to {cfg.gateway.drain_timeout_s:g} s), "
                  "then the storage server its kv-gets")
         stopping = True
-        gateway = children.get("gateway")
-        if gateway is not None and gateway.poll() is None:
-            gateway.terminate()
-        elif gateway is None and "storage-server" in children and children["storage-server"].poll() is None:
-            children["storage-server"].terminate()  # stopped while starting: nothing to drain
+        for child in children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+                return  # the gateway drains first; the storage server is stopped below once it has
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        children["storage-server"] = _spawn("storage-server", args, None, lock_fd)
-        rpc = _await_ready(children["storage-server"], "storage server")
-        children["gateway"] = _spawn("gateway", args, args.port)
-        endpoint = _await_ready(children["gateway"], "gateway")
+        rpc = storage.launch()
+        endpoint = gateway.launch()
+        port = int(endpoint.rsplit(":", 1)[1])
         # The gateway wrote the dev tenant's keys once it had bound its port (it generated them on a first start).
         dev = None if cfg.tenants else recorded_dev_tenant(cfg)
         print(f"ObjectCache is running.\n  endpoint:       {endpoint}\n  storage server: {rpc}\n  data directory: {cfg.data_dir}")
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
             print(f"  (shell: source {cfg.data_dir / DEV_CREDENTIALS_FILE})")
+            if cfg.store.backend != "local":
+                print(f"  tenant:         {dev.name} (this node's own; nodes of a cluster share tenants_file: README 'Scaling out')")
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
         notify("READY=1")
-        backoff = RestartBackoff()
-        started = time.monotonic()
-        while not stopping and children["gateway"].poll() is None:
+        while not stopping:
             time.sleep(0.2)
-            storage = children["storage-server"]
-            if storage.poll() is not None and not stopping:
-                delay = backoff.delay_after_crash(time.monotonic() - started)
-                print(f"objectcache: storage server exited with {storage.returncode}; restarting in {delay:.1f}s "
-                      "(plain S3 keeps working meanwhile)", flush=True)
-                time.sleep(delay)
-                if stopping:
-                    break
-                children["storage-server"] = _spawn("storage-server", args, None, lock_fd)
-                _await_ready(children["storage-server"], "storage server")
-                started = time.monotonic()
-                print("objectcache: storage server is back", flush=True)
+            for child in children:
+                if not stopping:
+                    child.tend(time.monotonic(), lambda line: print(line, flush=True))
     finally:
         notify("STOPPING=1")
-        # The gateway drains first (its requests in flight may need the storage server), then the storage server stops.
-        for name in ("gateway", "storage-server"):
-            p = children.get(name)
+        for child in children:
+            p = child.proc
             if p is None:
                 continue
             if p.poll() is None:
@@ -242,7 +236,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
                 p.wait(timeout=cfg.gateway.drain_timeout_s + 10)
             except subprocess.TimeoutExpired:
                 p.kill()
-    codes = [p.returncode for p in children.values()]
+    codes = [c.proc.returncode for c in children if c.proc is not None]
     return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
 
 

@@ -314,6 +314,11 @@ class StorageServerConfig(Section):
     rdma_engine: str = "nixl"
     # pyverbs: the RDMA device to open (ibv_devices lists them); empty = the first one.
     rdma_device: str = ""
+    # Longest one RDMA write into a client's memory may take (one piece of at most 8 MiB, or a
+    # chunkwise payload of at most http_staging_bytes): a client that never completes it (gone,
+    # or metadata pointing at something that never answers) costs its transfer this long, then
+    # the transfer fails 503 and the region must be registered again.
+    rdma_timeout_s: float = 30.0
 
     def validate(self) -> None:
         self.require(self.rdma_engine in RDMA_ENGINES, "rdma_engine", f"must be one of {', '.join(RDMA_ENGINES)}")
@@ -343,6 +348,7 @@ class StorageServerConfig(Section):
         self.require(0 < self.http_staging_tenant_share <= 1, "http_staging_tenant_share", "must be in (0, 1]")
         self.require(self.send_stall_s > 0, "send_stall_s", "must be > 0")
         self.require(self.region_idle_s > 0, "region_idle_s", "must be > 0")
+        self.require(self.rdma_timeout_s > 0, "rdma_timeout_s", "must be > 0")
         self.require(self.max_regions_per_tenant >= 1, "max_regions_per_tenant", "must be >= 1")
         self.require(self.populate_max_bytes >= 0, "populate_max_bytes", "must be >= 0 (0 = populate refused)")
         self.require(self.shm_max_bytes_per_tenant >= 0, "shm_max_bytes_per_tenant", "must be >= 0 (0 = shm refused)")

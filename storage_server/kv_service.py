@@ -156,7 +156,7 @@ class KVService:
             link, server_end = self._verbs.connect(r.verbs, r.addr, r.size)
         else:
             if self._nixl is None:
-                self._nixl = NixlEngine()
+                self._nixl = NixlEngine(timeout_s=self.config.storage_server.rdma_timeout_s)
             try:
                 metadata = base64.b64decode(r.agent, validate=True)
             except ValueError:

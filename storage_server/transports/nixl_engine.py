@@ -13,7 +13,9 @@ agent's name belongs to the tenant that registered it first, until it is forgott
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,8 @@ import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.rdma_token import RdmaToken
+
+log = logging.getLogger("objectcache.storage_server.nixl")
 
 # Poll a transfer's state this often once it is not done at once (uvloop timers are ms-grained).
 POLL_S = 0.0005
@@ -44,7 +48,7 @@ class KnownAgent:
 
 
 class NixlEngine:
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, timeout_s: float = 30.0) -> None:
         ok, why = nixl_available()
         if not ok:
             raise S3Error(ErrorCode.NotImplemented, f"The rdma transport needs NIXL on the storage server: {why}.")
@@ -53,6 +57,9 @@ class NixlEngine:
         self.agent: Any = nixl_agent(name or f"objectcache-storage-server-{os.getpid()}", nixl_agent_config(backends=[]))
         self.agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
         self.known: dict[bytes, KnownAgent] = {}
+        # A write the client never completes (it stopped, or its metadata pointed somewhere that accepts
+        # and never answers) must not hold the transfer forever.
+        self.timeout_s = timeout_s
 
     def add_client(self, metadata: bytes, tenant: str) -> bytes:
         """Learn a client agent of ``tenant`` (from its metadata, sent over the control plane) for one more
@@ -85,25 +92,36 @@ class NixlEngine:
         self.agent.deregister_memory(handle)
 
     async def write(self, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int) -> None:
-        """WRITE ``nbytes`` from local registered memory to the client's, and wait until it has landed."""
+        """WRITE ``nbytes`` from local registered memory to the client's, and wait until it has landed, at most
+        ``timeout_s`` (TimeoutError: the write is cancelled, its link should not be used again)."""
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
         remote = self.agent.get_xfer_descs([(remote_addr, nbytes, device)], "DRAM")
         handle = self.agent.initialize_xfer("WRITE", local, remote, agent, b"")
+        deadline = time.monotonic() + self.timeout_s
+        state = ""
         try:
             state = self.agent.transfer(handle)
             while state != "DONE":
                 if state == "ERR":
                     raise S3Error(ErrorCode.ServiceUnavailable, "an RDMA write to the client failed (did the client go away?)")
+                if time.monotonic() > deadline:
+                    raise TimeoutError
                 await asyncio.sleep(0 if state == "PROC" else POLL_S)
                 state = self.agent.check_xfer_state(handle)
         finally:
-            self.agent.release_xfer_handle(handle)
+            try:
+                self.agent.release_xfer_handle(handle)  # cancels a write still in flight
+            except Exception:
+                if state == "DONE":
+                    raise
+                # NIXL keeps a handle it cannot cancel; the write's own failure is the one to report.
+                log.warning("an RDMA write to agent %r could not be cancelled", agent)
 
 
 class NixlLink:
     """One client region reached through the NIXL agent: ``[addr, addr+size)`` of ``agent`` on ``device``."""
 
-    broken = False  # UCX reconnects by itself; a failed write fails only its transfer
+    broken = False  # UCX reconnects by itself: a failed write fails only its transfer; a timed-out one breaks the link
 
     def __init__(self, engine: NixlEngine, agent: bytes, addr: int, size: int, device: int = 0) -> None:
         self.engine, self.agent, self.addr, self.size, self.device = engine, agent, addr, size, device
@@ -126,7 +144,12 @@ class NixlLink:
         if offset < 0 or offset + local.nbytes > self.size:
             raise S3Error(ErrorCode.AccessDenied, f"an RDMA write of {local.nbytes} bytes at offset {offset} would leave the "
                           f"{self.size} bytes the tenant registered")
-        await self.engine.write(local.ctypes.data, local.nbytes, self.agent, self.addr + offset, self.device)
+        try:
+            await self.engine.write(local.ctypes.data, local.nbytes, self.agent, self.addr + offset, self.device)
+        except TimeoutError:
+            self.broken = True  # the next kv-get naming this region is told to register it again
+            raise S3Error(ErrorCode.ServiceUnavailable, f"an RDMA write to the client did not complete within "
+                          f"{self.engine.timeout_s:g} s (storage_server.rdma_timeout_s); register the memory again") from None
 
     async def notify(self, tag: int, layer: int) -> None:
         """Nothing: NIXL's write completed only once the bytes landed, and the LAYER frame follows."""
