@@ -1,0 +1,23 @@
+"""S3 request edges an outside conformance run found (issue 23 item 11)."""
+
+from __future__ import annotations
+
+import pytest
+from rawhttp import send
+
+
+@pytest.mark.parametrize("query", ["X-Amz-Expires=100000", "X-Amz-Expires=abc", "X-Amz-Expires=100&X-Amz-Date=20260101T000000Z",
+                                   "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=100"])
+@pytest.mark.parametrize("acl", ["private", "public-read"])
+def test_a_presigned_style_get_missing_its_signature_is_400_not_403(server, s3, bucket, query, acl):
+    s3.put_object(Bucket=bucket, Key="obj", Body=b"x", ACL=acl)
+    host = server.endpoint.split("//", 1)[1]
+    r = send(server.endpoint, "GET", f"/{bucket}/obj?{query}", headers={"Host": host})
+    assert r.status == 400 and b"<Code>AuthorizationQueryParametersError</Code>" in r.body, (r.status, r.body)
+
+
+def test_an_anonymous_get_of_a_public_object_still_works(server, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="pub", Body=b"open", ACL="public-read")
+    host = server.endpoint.split("//", 1)[1]
+    r = send(server.endpoint, "GET", f"/{bucket}/pub?response-content-type=text/plain", headers={"Host": host})
+    assert r.status == 200 and r.body == b"open"
