@@ -21,3 +21,11 @@ def test_an_anonymous_get_of_a_public_object_still_works(server, s3, bucket):
     host = server.endpoint.split("//", 1)[1]
     r = send(server.endpoint, "GET", f"/{bucket}/pub?response-content-type=text/plain", headers={"Host": host})
     assert r.status == 200 and r.body == b"open"
+
+
+@pytest.mark.parametrize("prefix", ["\n", "a\nb", "é/ü", "sp ace"])
+def test_a_v1_listing_echoes_its_prefix_as_sent(s3, bucket, prefix):
+    s3.put_object(Bucket=bucket, Key=f"{prefix}k", Body=b"x")
+    r = s3.list_objects(Bucket=bucket, Prefix=prefix)  # botocore adds encoding-type=url and decodes keys, not Prefix
+    assert r["Prefix"] == prefix and [o["Key"] for o in r["Contents"]] == [f"{prefix}k"]
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Prefix"] == prefix
