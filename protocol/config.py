@@ -86,6 +86,9 @@ class GatewayConfig(Section):
     host: str = "127.0.0.1"
     port: int = 9000
     region: str = "us-east-1"
+    # CreateBucket location constraints accepted as meaning ``region`` (e.g. "default", which
+    # Ceph-style clients and test suites send); any other constraint is InvalidLocationConstraint.
+    region_aliases: tuple[str, ...] = ()
     # Host-name suffixes for virtual-hosted-style addressing (bucket.<domain>).
     domains: tuple[str, ...] = ("localhost",)
     max_clock_skew_s: float = 900.0

@@ -29,3 +29,21 @@ def test_a_v1_listing_echoes_its_prefix_as_sent(s3, bucket, prefix):
     r = s3.list_objects(Bucket=bucket, Prefix=prefix)  # botocore adds encoding-type=url and decodes keys, not Prefix
     assert r["Prefix"] == prefix and [o["Key"] for o in r["Contents"]] == [f"{prefix}k"]
     assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Prefix"] == prefix
+
+
+def test_a_location_constraint_the_operator_made_an_alias_of_the_region_is_accepted(tmp_path):
+    from botocore.exceptions import ClientError
+    from support import ServerProcess, boto_client, make_tenants, write_config
+
+    tenant = make_tenants("loc")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra='\n[gateway]\nregion_aliases = ["default"]\n')
+    proc = ServerProcess(config, "gateway").start()
+    try:
+        s3 = boto_client(proc.endpoint, tenant)
+        s3.create_bucket(Bucket="aliased", CreateBucketConfiguration={"LocationConstraint": "default"})
+        assert s3.head_bucket(Bucket="aliased")["ResponseMetadata"]["HTTPHeaders"]["x-amz-bucket-region"] == "us-east-1"
+        with pytest.raises(ClientError) as e:
+            s3.create_bucket(Bucket="elsewhere", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        assert e.value.response["Error"]["Code"] == "InvalidLocationConstraint"
+    finally:
+        proc.stop()
