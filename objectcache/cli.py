@@ -207,6 +207,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Config) -> int:
         if dev is not None:
             print(f"  access key:     {dev.access_key}\n  secret key:     {dev.secret_key}\n  region:         {cfg.gateway.region}")
             print(f"  (shell: source {cfg.data_dir / DEV_CREDENTIALS_FILE})")
+            if cfg.store.backend != "local":
+                print(f"  tenant:         {dev.name} (this node's own; nodes of a cluster share tenants_file: README 'Scaling out')")
         else:
             print(f"  tenants:        {', '.join(t.name for t in cfg.tenants)} (keys in your config)")
         print("Press Ctrl-C to stop.", flush=True)
