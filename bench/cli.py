@@ -10,8 +10,10 @@ MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="objectcache bench", description="run a benchmark (see README: Benchmarks)")
-    benches = parser.add_subparsers(dest="bench_name", required=True)
+    # One line per benchmark in --help, whatever the terminal's width.
+    parser = argparse.ArgumentParser(prog="objectcache bench", description="run a benchmark (see README: Benchmarks)",
+                                     formatter_class=lambda prog: argparse.HelpFormatter(prog, width=200, max_help_position=16))
+    benches = parser.add_subparsers(dest="bench_name", required=True, title="benchmarks", metavar="BENCHMARK")
     for m in MODULES:
         m.add_parser(benches)
     args = parser.parse_args(argv)

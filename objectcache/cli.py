@@ -263,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="run a benchmark (see README: Benchmarks)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
-    args = parser.parse_args(argv)
+    # bench's arguments are its own, --help included (REMAINDER does not take an option in first place).
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = rest + args.bench_args
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         # Every command reads the configuration first (bench only its environment part), so a
         # bad key or an unknown OBJECTCACHE_* variable stops it before anything starts.

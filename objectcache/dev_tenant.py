@@ -6,6 +6,7 @@ files, and only the commands that serve requests need the keys.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from dataclasses import replace
@@ -48,11 +49,20 @@ def write_dev_credentials(cfg: Config, tenant: Tenant, port: int) -> None:
     os.replace(tmp, path)
 
 
+def dev_tenant_name(cfg: Config, access_key: str) -> str:
+    """``dev`` on the local backend (one node, its own data directory); on the s3 backend, whose
+    upstream other nodes share, ``dev-`` and a digest of the access key: buckets are owned by tenant
+    name, and another node's generated dev tenant (other keys) must not be the owner of this one's."""
+    if cfg.store.backend == "local":
+        return "dev"
+    return "dev-" + hashlib.sha256(access_key.encode()).hexdigest()[:16]
+
+
 def recorded_dev_tenant(cfg: Config) -> Tenant | None:
     """The development tenant ``<data_dir>/dev-credentials.env`` records, if any."""
     values = _read(cfg.data_dir / DEV_CREDENTIALS_FILE)
     ak, sk = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
-    return Tenant("dev", ak, sk) if ak and sk else None
+    return Tenant(dev_tenant_name(cfg, ak), ak, sk) if ak and sk else None
 
 
 def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
@@ -67,5 +77,6 @@ def with_dev_tenant(cfg: Config) -> tuple[Config, Tenant | None]:
     """
     if cfg.tenants:
         return cfg, None
-    tenant = recorded_dev_tenant(cfg) or Tenant("dev", "OC" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
+    ak = "OC" + secrets.token_hex(9).upper()
+    tenant = recorded_dev_tenant(cfg) or Tenant(dev_tenant_name(cfg, ak), ak, secrets.token_urlsafe(30))
     return replace(cfg, tenants=(tenant,)), tenant

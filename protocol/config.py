@@ -88,6 +88,9 @@ class GatewayConfig(Section):
     host: str = "127.0.0.1"
     port: int = 9000
     region: str = "us-east-1"
+    # CreateBucket location constraints accepted as meaning ``region`` (e.g. "default", which
+    # Ceph-style clients and test suites send); any other constraint is InvalidLocationConstraint.
+    region_aliases: tuple[str, ...] = ()
     # Host-name suffixes for virtual-hosted-style addressing (bucket.<domain>).
     domains: tuple[str, ...] = ("localhost",)
     max_clock_skew_s: float = 900.0
@@ -497,6 +500,9 @@ class Config(Section):
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tenants: tuple[Tenant, ...] = ()
+    # A TOML file of [[tenants]] (nothing else) that every node of a cluster reads, so all agree on
+    # who owns what; instead of [[tenants]] here. OBJECTCACHE_TENANTS still replaces the list.
+    tenants_file: str = ""
 
     @property
     def data_dir(self) -> Path:
@@ -682,19 +688,30 @@ def _env_path(var: str) -> KeyPath:
 def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     """Read TOML (if given), apply environment, then explicit overrides (``section__key=value``, None skipped)."""
     env = os.environ if env is None else env
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    raw: dict[str, Any] = _read_toml(path) if path is not None else {}
+    inline_tenants = "tenants" in raw
     for var in sorted(v for v in env if v.startswith(ENV_PREFIX)):
         key_path = _env_path(var)
         _set(raw, key_path, _env_value(var, key_path, env[var]))
     for key, value in overrides.items():
         if value is not None:
             _set(raw, tuple(key.split("__")), value)
+    tenants_file = raw.get("tenants_file")
+    if tenants_file and env_name(("tenants",)) not in env:  # OBJECTCACHE_TENANTS replaces the list wherever it came from
+        if inline_tenants:
+            raise ConfigError("tenants: give [[tenants]] or tenants_file, not both")
+        shared = _read_toml(tenants_file)
+        if not isinstance(shared, dict) or set(shared) - {"tenants"}:
+            raise ConfigError(f"tenants_file {tenants_file}: holds only [[tenants]] (found: {', '.join(sorted(set(shared) - {'tenants'}))})")
+        raw["tenants"] = shared.get("tenants", [])
     return _table(Config, (), raw)
+
+
+def _read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None

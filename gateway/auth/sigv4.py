@@ -77,8 +77,16 @@ def carries_credentials(headers: Mapping[str, str], raw_query: str) -> bool:
     """Whether a request tries to authenticate (header or presigned URL, either signature version)."""
     if "Authorization" in headers:
         return True
-    names = {item.partition("=")[0] for item in raw_query.split("&")}
-    return bool(names & {"X-Amz-Signature", "X-Amz-Credential", "Signature", "AWSAccessKeyId"})
+    return bool(_query_names(raw_query) & (PRESIGN_V4_PARAMS | {"Signature", "AWSAccessKeyId"}))
+
+
+# A query naming any of these is a SigV4 presigned request, complete or not: one missing the others is
+# malformed (400 AuthorizationQueryParametersError, as S3 answers), never an anonymous request.
+PRESIGN_V4_PARAMS = frozenset({"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires", "X-Amz-SignedHeaders", "X-Amz-Signature"})
+
+
+def _query_names(raw_query: str) -> set[str]:
+    return {item.partition("=")[0] for item in raw_query.split("&")}
 
 
 def uri_encode(s: str, safe: str = "-_.~") -> str:
@@ -170,7 +178,7 @@ class RequestVerifier:
             if auth.startswith("AWS "):
                 return self._verify_v2(method, raw_query, headers, v2_resource or raw_path, auth[4:], None)
             return self._verify_header(method, raw_path, raw_query, headers, auth)
-        if "X-Amz-Signature=" in raw_query or "X-Amz-Credential=" in raw_query:
+        if _query_names(raw_query) & PRESIGN_V4_PARAMS:
             return self._verify_presigned(method, raw_path, raw_query, headers)
         if "Signature=" in raw_query and "AWSAccessKeyId=" in raw_query:
             q = dict(parse_query(raw_query))

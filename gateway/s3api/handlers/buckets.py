@@ -47,10 +47,11 @@ async def create_bucket(req: S3Request) -> web.Response:
     if body.strip():
         doc = xml.parse(body, "CreateBucketConfiguration")
         constraint = xml.child_text(doc, "LocationConstraint")
-        if constraint and constraint != req.config.region:
+        if constraint and constraint != req.config.region and constraint not in req.config.region_aliases:
             raise S3Error(
                 ErrorCode.InvalidLocationConstraint,
-                f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}.",
+                f"The specified location-constraint {constraint!r} is not valid; this endpoint serves {req.config.region!r}"
+                + (f" (also accepted: {', '.join(req.config.region_aliases)})." if req.config.region_aliases else "."),
                 resource=req.resource,
             )
     try:

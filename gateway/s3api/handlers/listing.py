@@ -53,6 +53,16 @@ def _prefixes(page: ListPage, enc) -> list[xml.Node]:
     return [("CommonPrefixes", [("Prefix", enc(p))]) for p in page.common_prefixes]
 
 
+def _v1_prefix(prefix: str, enc) -> str:
+    """ListObjects (v1) echoes its Prefix as sent even with ``encoding-type=url``, as S3 does (botocore,
+    which asks for url encoding on every v1 listing, decodes Delimiter, Marker and keys but not Prefix:
+    a prefix holding a newline would come back as ``%0A``). Only text XML cannot carry is encoded."""
+    try:
+        return xml.check_text("prefix", prefix)
+    except S3Error:
+        return enc(prefix)
+
+
 async def list_objects_v1(req: S3Request) -> web.Response:
     encoding, enc = _encoder(req)
     marker = req.query.get("marker", "")
@@ -60,7 +70,7 @@ async def list_objects_v1(req: S3Request) -> web.Response:
     return xml_response(
         "ListBucketResult",
         [
-            ("Name", req.bucket), ("Prefix", enc(prefix)), ("Marker", enc(marker)), ("MaxKeys", limit),
+            ("Name", req.bucket), ("Prefix", _v1_prefix(prefix, enc)), ("Marker", enc(marker)), ("MaxKeys", limit),
             ("Delimiter", enc(delimiter) if delimiter else None), ("IsTruncated", page.is_truncated),
             ("NextMarker", enc(page.next_marker) if page.is_truncated and delimiter else None),
             ("EncodingType", encoding),
