@@ -106,12 +106,33 @@ def test_memory_that_is_not_a_sealed_memfd_is_refused_and_the_server_writes_noth
         os.unlink(victim_path)
 
 
-def test_a_ticket_cannot_be_used_by_someone_else_or_twice(server, tenants, stored):
-    t = ticket_for(server, tenants["alice"], 8192)
-    first, second = ShmRegion(8192), ShmRegion(8192)
+def test_a_ticket_cannot_be_used_by_someone_else_or_twice(server, tenants, stored, s3_bob):
+    """Bob holding alice's real ticket can hand memory over, but the region is alice's: bob's kv-get into it
+    (for bob's own bucket, holding bob's bytes under the same keys) is refused and writes nothing, while
+    alice's fills it. A ticket works once; a guessed one never."""
+    bucket, keys, chunks = stored
+    size = LAYOUT.payload_bytes(N)
+    bobs_bucket, bobs_chunks = "kv-shm-security-bob", make_chunks(LAYOUT, N, seed=22)
+    s3_bob.create_bucket(Bucket=bobs_bucket)
+
+    async def bob_puts():
+        async with client(server, tenants["bob"], bobs_bucket) as c:
+            await c.put_chunks(keys, bobs_chunks, LAYOUT)
+
+    run(bob_puts())
+    t = ticket_for(server, tenants["alice"], size)
+    first, second = ShmRegion(size), ShmRegion(size)
     try:
-        reply = hand_over(t["socket"], bytes.fromhex(t["ticket"]), first.fd)
-        assert set(reply) == {"region_id", "token", "size"} and reply["size"] == 8192
+        reply = hand_over(t["socket"], bytes.fromhex(t["ticket"]), first.fd)  # handed over by whoever holds the ticket
+        assert set(reply) == {"region_id", "token", "size"} and reply["size"] == size
+        target = Target(TransportKind.SHM, bytes.fromhex(reply["region_id"]), bytes.fromhex(reply["token"]), 0, size)
+        body = encode_descriptor(Descriptor(keys, LAYOUT.num_layers, LAYOUT.chunk_tokens, LAYOUT.per_layer_chunk_bytes, target))
+        r = signed(server.endpoint, tenants["bob"], "POST", f"/{bobs_bucket}?kv-get", body=body)
+        assert r.status == 403 and b"AccessDenied" in r.body, r.body
+        assert bytes(first.view[:size]) == bytes(size)  # nothing of bob's was written
+        r = signed(server.endpoint, tenants["alice"], "POST", f"/{bucket}?kv-get", body=body)
+        assert r.status == 200, r.body  # the ticket's tenant owns the region
+        assert np.array_equal(np.frombuffer(first.view[:size], np.uint8), reference(LAYOUT, chunks).reshape(-1))
         with pytest.raises(S3Error) as e:
             hand_over(t["socket"], bytes.fromhex(t["ticket"]), second.fd)
         assert e.value.code.name == "AccessDenied"

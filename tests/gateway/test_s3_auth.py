@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -162,9 +163,22 @@ def test_unsigned_payload(server, tenants, s3, bucket):
 
 
 def test_expect_100_continue(server, tenants, s3, bucket):
-    r = signed(server.endpoint, tenants["alice"], "PUT", f"/{bucket}/e", headers={"Expect": "100-continue"}, body=b"continued")
-    assert r.status == 200
-    assert s3.get_object(Bucket=bucket, Key="e")["Body"].read() == b"continued"
+    """The client sends the headers alone and the body only once the gateway has answered 100 Continue."""
+    body = b"continued"
+    headers = sign(tenants["alice"], "PUT", f"{server.endpoint}/{bucket}/e", {"Expect": "100-continue"}, body)
+    headers["Content-Length"] = str(len(body))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:  # bounded: a missing 100 fails, not hangs
+        head = f"PUT /{bucket}/e HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        conn.sendall(head.encode())
+        reader = conn.makefile("rb")
+        interim = reader.readline()
+        assert interim.startswith(b"HTTP/1.1 100"), interim  # before any byte of the body was sent
+        while reader.readline() not in (b"\r\n", b""):
+            pass
+        conn.sendall(body)
+        final = reader.readline()
+        assert final.startswith(b"HTTP/1.1 200"), final
+    assert s3.get_object(Bucket=bucket, Key="e")["Body"].read() == body
 
 
 def test_virtual_hosted_style(server, tenants, s3, bucket):

@@ -13,8 +13,10 @@ import re
 import time
 from pathlib import Path
 
+import boto3
 import numpy as np
 import pytest
+from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
@@ -290,8 +292,15 @@ def test_seaweedfs_serves_as_the_upstream_too(tmp_path):
     try:
         alice_a, alice_b = boto_client(a.endpoint, people["alice"]), boto_client(b.endpoint, people["alice"])
         alice_a.create_bucket(Bucket="weedkv")
-        big = bytes(range(256)) * (80 * 1024)  # 20 MiB: an upstream multipart upload of 8 MiB parts
+        big = bytes(range(256)) * (80 * 1024)  # 20 MiB: an upstream multipart upload of part_bytes (8 MiB) parts
         alice_a.put_object(Bucket="weedkv", Key="big.bin", Body=big)
+        upstream = boto3.client("s3", endpoint_url=weed.endpoint, aws_access_key_id=weed.access_key, aws_secret_access_key=weed.secret_key,
+                                region_name="us-east-1", config=BotoConfig(s3={"addressing_style": "path"}))
+        stored = upstream.head_object(Bucket="weedkv", Key="big.bin")
+        # A multipart ETag counts its parts: 20 MiB in parts of 8 MiB (cut at the body's piece boundaries, so a
+        # little more) is 3; 5 MiB parts would be 4, one PUT none.
+        assert stored["ContentLength"] == len(big) and re.fullmatch(r'"[0-9a-f]{32}-3"', stored["ETag"]), stored["ETag"]
+        assert 8 << 20 <= upstream.head_object(Bucket="weedkv", Key="big.bin", PartNumber=1)["ContentLength"] < 9 << 20
         assert alice_b.get_object(Bucket="weedkv", Key="big.bin")["Body"].read() == big
         assert alice_b.get_object(Bucket="weedkv", Key="big.bin", Range="bytes=100-199")["Body"].read() == big[100:200]
         with pytest.raises(ClientError) as e:
