@@ -37,10 +37,14 @@ def con(server, tenants):
 
 
 def test_copy_to_s3_and_query_back(con, s3, bucket):
-    con.execute(f"COPY (SELECT i AS id, i % 5 AS bucket5, 'item ' || i AS name FROM range(20000) t(i)) TO 's3://{bucket}/items.parquet' (FORMAT parquet)")
+    # Parts of 5 MiB (the file size limit over the part count), so this ~12 MiB COPY is a multipart upload.
+    con.execute("SET s3_uploader_max_filesize = '50MiB'")
+    con.execute("SET s3_uploader_max_parts_per_file = 10")
+    con.execute(f"COPY (SELECT i AS id, i % 5 AS bucket5, 'item ' || i AS name, md5(i::VARCHAR) || md5((i * 7)::VARCHAR) AS digest "
+                f"FROM range(200000) t(i)) TO 's3://{bucket}/items.parquet' (FORMAT parquet, COMPRESSION uncompressed)")
     assert "-" in s3.head_object(Bucket=bucket, Key="items.parquet")["ETag"]  # httpfs writes with a multipart upload
     assert con.execute(f"SELECT count(*), sum(id) FROM read_parquet('s3://{bucket}/items.parquet') WHERE bucket5 = 3").fetchone() == (
-        4000, sum(i for i in range(20000) if i % 5 == 3))
+        40000, sum(i for i in range(200000) if i % 5 == 3))
     con.execute(f"COPY (SELECT id, name FROM read_parquet('s3://{bucket}/items.parquet') WHERE id < 100) TO 's3://{bucket}/small.csv' (HEADER)")
     assert s3.get_object(Bucket=bucket, Key="small.csv")["Body"].read().decode().splitlines()[:2] == ["id,name", "0,item 0"]
     assert con.execute(f"SELECT max(id) FROM read_csv('s3://{bucket}/small.csv')").fetchone() == (99,)
