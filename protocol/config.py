@@ -317,6 +317,10 @@ class ClusterConfig(Section):
     grant_ttl_s: float = 30.0
     # Bytes per second this node sends to peers at most (0: unlimited), so peers never crowd its own clients.
     serve_max_bytes_per_s: float = 0.0
+    # A kv-get's chunks no peer holds are split into this many + 1 shares: one from the upstream
+    # through this node, the others through as many peers' upstream links (and caches) at once.
+    # 0: every cold chunk comes through this node.
+    cold_split_peers: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -346,6 +350,7 @@ class ClusterConfig(Section):
         self.require(self.peer_timeout_s > 0, "peer_timeout_s", "must be > 0")
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
         self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
+        self.require(self.cold_split_peers >= 0, "cold_split_peers", "must be >= 0 (0 = no split)")
         self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
 
 

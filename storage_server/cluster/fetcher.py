@@ -6,7 +6,9 @@ list), ask every live peer at once how many leading missing chunks it holds warm
 best, its range split over up to ``fetch_concurrency`` streams. Each chunk is checked (index, size,
 CRC32C), written through the cache exactly like an upstream fetch and pinned. A stream that breaks,
 stalls or sends a bad chunk is a failover: the next ranked peer takes the chunks still missing, and
-whatever no peer brought comes from the upstream (:class:`~storage_server.store.s3.chunks.S3ChunkSource`).
+whatever no peer brought comes from the upstream (:class:`~storage_server.store.s3.chunks.S3ChunkSource`);
+with ``cluster.cold_split_peers`` set, that cold rest is split: this node's share from the upstream
+and the nearest peers' shares through their own upstream links and caches (``fill``), at once.
 A stale answer costs a short stream and an upstream fetch, never wrong bytes.
 """
 
@@ -19,11 +21,12 @@ from dataclasses import dataclass, field
 from protocol.cluster import NodeInfo, PeerFetchRange
 from protocol.cluster_auth import PeerGrant
 from protocol.config import ClusterConfig
+from protocol.errors import S3Error
 
 from ..store.chunk_source import PinFor
 from ..store.s3.chunks import Filled, S3ChunkSource
 from .membership import Membership
-from .paths import Candidate, rank_peers
+from .paths import Candidate, cold_helpers, rank_peers, shares
 from .peer_client import PeerCall, PeerClient, PeerFault
 
 log = logging.getLogger("objectcache.cluster")
@@ -80,21 +83,54 @@ class PeerFetcher:
         self.tally.lookups += 1
         ranked = rank_peers(self.me, await self._ask(peers, call))
         have = [False] * len(wanted)
+        failed: set[str] = set()
         for cand in ranked:
             todo = [i for i in range(cand.warm) if not have[i]]
-            if not todo:
-                continue
-            runs = _runs(todo)
-            ranges = [r for lo, hi in runs for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(runs)))]
-            results = await asyncio.gather(*(self._stream(cand.peer, call, lo, hi, wanted, have, pin_for, cache, filled)
-                                             for lo, hi in ranges))
-            if not all(results):
-                filled.failovers += 1
-                self.tally.failovers += 1
+            if todo and not await self._runs_from(cand.peer, call, todo, wanted, have, pin_for, cache, filled, fill=False):
+                failed.add(cand.peer.node_id)
+        rest = [i for i in range(len(wanted)) if not have[i]]
+        helpers = cold_helpers(self.me, peers, self.cfg.cold_split_peers, failed) if rest else []
+        if helpers:
+            own, *theirs = shares(rest, len(helpers) + 1)
+            await asyncio.gather(self._own_share(bucket, own, wanted, have, cache, filled),
+                                 *(self._runs_from(p, call, share, wanted, have, pin_for, cache, filled, fill=True)
+                                   for p, share in zip(helpers, theirs) if share))
         return filled
 
+    async def _runs_from(self, peer: NodeInfo, call: PeerCall, todo: list[int], wanted: list[tuple[str, str]], have: list[bool],
+                         pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool) -> bool:
+        """``todo`` (indices into ``wanted``) from ``peer`` over up to ``fetch_concurrency`` streams; False (a failover) if any broke."""
+        runs = _runs(todo)
+        ranges = [r for lo, hi in runs for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(runs)))]
+        results = await asyncio.gather(*(self._stream(peer, call, lo, hi, wanted, have, pin_for, cache, filled, fill) for lo, hi in ranges))
+        if all(results):
+            return True
+        filled.failovers += 1
+        self.tally.failovers += 1
+        return False
+
+    async def _own_share(self, bucket: str, own: list[int], wanted: list[tuple[str, str]], have: list[bool], cache: S3ChunkSource,
+                         filled: Filled) -> None:
+        """This node's share of a split cold miss, from the upstream as its own misses come (beside the peers' shares).
+        A chunk that fails here is left to the kv-get's own upstream path, which names the error."""
+        gate = asyncio.Semaphore(cache.concurrency)
+
+        async def one(i: int) -> None:
+            key, cid = wanted[i]
+            async with gate:
+                try:
+                    fetched = await cache.fetch_upstream_pinned(bucket, key, cid)
+                except S3Error:
+                    return
+            have[i] = True
+            filled.pinned.append(cid)
+            if fetched:
+                filled.paths["upstream"] = filled.paths.get("upstream", 0) + (cache.files.size(cid) or 0)
+
+        await asyncio.gather(*(one(i) for i in own))
+
     async def _stream(self, peer: NodeInfo, call: PeerCall, lo: int, hi: int, wanted: list[tuple[str, str]], have: list[bool],
-                      pin_for: PinFor, cache: S3ChunkSource, filled: Filled) -> bool:
+                      pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool = False) -> bool:
         """Chunks ``[lo, hi)`` from ``peer`` into the cache; False when the stream failed before delivering them all."""
         path = f"peer:{peer.node_id}"
         loop = asyncio.get_running_loop()
@@ -114,7 +150,7 @@ class PeerFetcher:
                 cache.release(cid)
 
         try:
-            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo), pin_for.chunk_bytes, land)
+            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, land)
             ok = got == hi - lo
         except PeerFault as e:
             log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)

@@ -3,9 +3,11 @@
 Two operations (:mod:`protocol.cluster`), each refused unless the call is signed with the cluster
 key, fresh and not replayed (:class:`~protocol.cluster_auth.CallVerifier`) and carries a grant for
 exactly its key list (:class:`~protocol.cluster_auth.PeerGrant`). Only this node's chunk cache is
-read, never the upstream: a peer that does not hold a chunk says so and the asking node takes
+read (unless the call asks for a fill): a peer that does not hold a chunk says so and the asking node takes
 another path. Chunks are served from the cache under the grant's bucket incarnation, so a grant for
-one tenant's bucket can never reach another bucket's cached bytes. Sending is paced to
+one tenant's bucket can never reach another bucket's cached bytes. A ``fill`` fetch (a cold request
+split over two nodes' upstream links) also fetches what it lacks from the upstream through its own
+cache, after checking the bucket's current incarnation is the grant's. Sending is paced to
 ``cluster.serve_max_bytes_per_s`` over all peers together.
 """
 
@@ -15,6 +17,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from awscrt import checksums as crt
@@ -22,6 +25,7 @@ from awscrt import checksums as crt
 from protocol.cluster import CHUNK_HEAD, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
 from protocol.config import ClusterConfig
+from protocol.errors import S3Error
 from protocol.rpc import Op, encode_reply
 from protocol.wire import decode_keys
 
@@ -30,6 +34,7 @@ from ..store.s3.chunks import S3ChunkSource
 
 log = logging.getLogger("objectcache.cluster")
 MAX_KEYS_BODY = 64 << 20
+FILL_BATCH = 16  # chunks a fill pins (fetching them from the upstream at cache.fetch_concurrency) before streaming them
 
 
 @dataclass
@@ -96,20 +101,13 @@ class PeerServer:
     async def fetch(self, call: RpcCall) -> Reply:
         grant, keys = self._authorise(call)
         want = PeerFetchRange.from_json(call.request.fields, len(keys))
+        if want.fill and await self.chunks.store.bucket_id(grant.bucket) != grant.bucket_id:
+            self.served.refused += 1
+            raise denied("the bucket's incarnation is not the one its grant names")
         writer = call.writer
         writer.write(encode_reply(PeerFetchAccepted(self.cfg.node_id).to_json()))
-        loop = asyncio.get_running_loop()
-        for index in range(want.start, want.start + want.count):
-            cid, size = self.chunks.cached_size(grant.bucket_id, keys[index])
-            data = None
-            if size is not None:
-                self.chunks.files.policy.pin([cid])  # not evicted while it is read
-                try:
-                    data = await loop.run_in_executor(None, _read, os.fspath(self.chunks.files.path(cid, size)))
-                except FileNotFoundError:
-                    data = None
-                finally:
-                    self.chunks.files.policy.unpin([cid])
+        chunks = self._filled(grant, keys, want) if want.fill else self._cached(grant.bucket_id, keys, want)
+        async for index, data in chunks:
             if data is None:
                 writer.write(CHUNK_HEAD.pack(index, NOT_HELD, 0))
                 break
@@ -121,6 +119,43 @@ class PeerServer:
             self.served.by_tenant[grant.tenant] = self.served.by_tenant.get(grant.tenant, 0) + len(data)
         await writer.drain()
         return None
+
+    async def _cached(self, bucket_id: str, keys: list[str], want: PeerFetchRange) -> AsyncIterator[tuple[int, bytes | None]]:
+        """The range from this node's cache, stopping at the first chunk it does not hold (None)."""
+        loop = asyncio.get_running_loop()
+        files = self.chunks.files
+        for index in range(want.start, want.start + want.count):
+            cid, size = self.chunks.cached_size(bucket_id, keys[index])
+            data = None
+            if size is not None:
+                files.policy.pin([cid])  # not evicted while it is read
+                try:
+                    data = await loop.run_in_executor(None, _read, os.fspath(files.path(cid, size)))
+                except FileNotFoundError:
+                    data = None
+                finally:
+                    files.policy.unpin([cid])
+            yield index, data
+            if data is None:
+                return
+
+    async def _filled(self, grant: PeerGrant, keys: list[str], want: PeerFetchRange) -> AsyncIterator[tuple[int, bytes | None]]:
+        """The range through this node's cache, fetching what it lacks from the upstream, a batch pinned at a time."""
+        loop = asyncio.get_running_loop()
+        end = want.start + want.count
+        for lo in range(want.start, end, FILL_BATCH):
+            batch = keys[lo:min(end, lo + FILL_BATCH)]
+            try:
+                pinned = await self.chunks.pin(grant.bucket, batch)  # no PinFor: never asks peers in turn
+            except S3Error as e:
+                log.info("cluster: fill for %s stopped at chunk %d: %s", grant.issuer, lo, e.message)
+                yield lo, None
+                return
+            try:
+                for j, (fd, size) in enumerate(zip(pinned.fds, pinned.sizes)):
+                    yield lo + j, await loop.run_in_executor(None, os.pread, fd, size, 0)
+            finally:
+                pinned.release()
 
     async def listen(self, address: str) -> asyncio.AbstractServer:
         return await self.rpc.listen("", address)
