@@ -338,6 +338,7 @@ class ClusterConfig(Section):
         if self.enabled:
             self.require(bool(self.listen), "listen", "must be set when node_id is (the peer listener)")
             self.require(len(self.key) >= 32, "key", "must be at least 32 characters when node_id is set (e.g. `openssl rand -base64 33`)")
+            self.require(PLACEHOLDER_MARK not in self.key, "key", "is the example's placeholder; generate one (e.g. `openssl rand -base64 33`)")
             wildcard = self.listen.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::")
             self.require(not wildcard or bool(self.advertise), "advertise", "must be set when listen binds a wildcard address")
         for p in self.peers:
