@@ -321,6 +321,10 @@ class ClusterConfig(Section):
     # through this node, the others through as many peers' upstream links (and caches) at once.
     # 0: every cold chunk comes through this node.
     cold_split_peers: int = 0
+    # Peer -> engine: an http kv-get (asked for the direct data path) whose chunks this node lacks and one peer
+    # holds whole is answered with a ticket for that peer's data endpoint (storage_server.data_listen there), so
+    # the client streams it from the peer; the chunks do not enter this node's cache. false: through this node.
+    direct_from_peers: bool = False
 
     @property
     def enabled(self) -> bool:

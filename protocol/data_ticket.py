@@ -61,6 +61,9 @@ class DataTicket:
     descriptor_sha256: str
     expires: float
     nonce: str
+    # The cluster node this ticket's kv-get serves on another node's behalf (its chunk bytes count as "peer:<via>");
+    # empty: the node the tenant asked.
+    via: str = ""
 
     def sign(self, key: bytes) -> str:
         payload = _b64(json.dumps({"v": TICKET_VERSION, **asdict(self)}, separators=(",", ":")).encode())

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from protocol.config import StorageServerConfig
@@ -27,6 +27,10 @@ from protocol.rpc import MAX_REQUEST_LINE, Op
 from .rpc_server import Reply, RpcCall, RpcHandler, RpcServer
 
 log = logging.getLogger("objectcache.storage_server.data")
+
+# Asked first for a ticket to another node's data endpoint (the cluster's peer -> engine path): the grant's
+# JSON, or None to serve the kv-get here. Arguments: tenant, bucket, request id, descriptor.
+ElsewhereGrant = Callable[[str, str, str, bytes], Awaitable[dict | None]]
 
 # A client that connected must send its whole request within this (the listener faces the network).
 REQUEST_TIMEOUT_S = 10.0
@@ -43,6 +47,7 @@ class DataEndpoint:
         self._kv_get = kv_get
         self.rpc = RpcServer({Op.KV_GET: self.get}, max_body=max_body, request_timeout_s=REQUEST_TIMEOUT_S, single_request=True)
         self.endpoint = ""  # the address clients are told, once listening
+        self.elsewhere: ElsewhereGrant | None = None
 
     async def listen(self) -> asyncio.AbstractServer | None:
         if not self.config.data_listen:
@@ -55,12 +60,19 @@ class DataEndpoint:
         return server
 
     async def ticket(self, call: RpcCall) -> Reply:
-        """``Op.KV_TICKET`` (from the gateway, which authenticated the caller): a ticket for this descriptor."""
+        """``Op.KV_TICKET`` (from the gateway, which authenticated the caller): a ticket for this descriptor
+        (on a peer's data endpoint when the cluster says so)."""
+        tenant, bucket, request_id = call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", ""))
+        if self.elsewhere is not None and (grant := await self.elsewhere(tenant, bucket, request_id, call.body)) is not None:
+            return grant
+        return self.issue(tenant, bucket, request_id, call.body)
+
+    def issue(self, tenant: str, bucket: str, request_id: str, descriptor: bytes, via: str = "") -> dict:
+        """A ticket for this endpoint (empty endpoint: there is none)."""
         if not self.endpoint:
             return {"endpoint": "", "ticket": "", "expires_in_s": 0}
         ttl = self.config.data_ticket_ttl_s
-        t = DataTicket(call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", "")),
-                       descriptor_digest(call.body), self.clock() + ttl, secrets.token_hex(12))
+        t = DataTicket(tenant, bucket, request_id, descriptor_digest(descriptor), self.clock() + ttl, secrets.token_hex(12), via)
         return {"endpoint": self.endpoint, "ticket": t.sign(self._key), "expires_in_s": ttl}
 
     async def get(self, call: RpcCall) -> Reply:
@@ -73,5 +85,5 @@ class DataEndpoint:
         if t.nonce in self._used:
             raise S3Error(ErrorCode.AccessDenied, "The data ticket was already used; ask the gateway again.")
         self._used[t.nonce] = t.expires
-        fields = {"tenant": t.tenant, "bucket": t.bucket, "request_id": t.request_id}
+        fields = {"tenant": t.tenant, "bucket": t.bucket, "request_id": t.request_id, **({"via": t.via} if t.via else {})}
         return await self._kv_get(replace(call, request=replace(call.request, fields=fields)))

@@ -22,11 +22,12 @@ from protocol.cluster import NodeInfo, PeerFetchRange
 from protocol.cluster_auth import PeerGrant
 from protocol.config import ClusterConfig
 from protocol.errors import S3Error
+from protocol.wire import decode_descriptor
 
 from ..store.chunk_source import PinFor
 from ..store.s3.chunks import Filled, S3ChunkSource
 from .membership import Membership
-from .paths import Candidate, cold_helpers, rank_peers, shares
+from .paths import Candidate, cold_helpers, direct_peer, rank_peers, shares
 from .peer_client import PeerCall, PeerClient, PeerFault
 
 log = logging.getLogger("objectcache.cluster")
@@ -40,6 +41,7 @@ class PeerTally:
     seconds: dict[str, float] = field(default_factory=dict)
     failovers: int = 0
     lookups: int = 0
+    direct: int = 0  # kv-gets handed to a peer's data endpoint
 
 
 def split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
@@ -51,8 +53,8 @@ def split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
 
 
 class PeerFetcher:
-    def __init__(self, cfg: ClusterConfig, me: NodeInfo, members: Membership) -> None:
-        self.cfg, self.me, self.members = cfg, me, members
+    def __init__(self, cfg: ClusterConfig, me: NodeInfo, members: Membership, cache: S3ChunkSource) -> None:
+        self.cfg, self.me, self.members, self.cache = cfg, me, members, cache
         self.key = cfg.key.encode()
         self.client = PeerClient(me.node_id, self.key, cfg.peer_timeout_s)
         self.tally = PeerTally()
@@ -158,10 +160,35 @@ class PeerFetcher:
         self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + loop.time() - started
         return ok
 
+    async def direct_grant(self, tenant: str, bucket: str, request_id: str, descriptor: bytes) -> dict | None:
+        """Peer -> engine: when this node lacks chunks of an http kv-get that one peer holds whole, a ticket for that peer's
+        data endpoint (the client streams from it directly); None to serve here (any failure also means: serve here)."""
+        if not self.cfg.direct_from_peers:
+            return None
+        keys = decode_descriptor(descriptor).chunk_keys
+        peers = self.members.live()
+        bucket_id = await self.cache.store.bucket_id(bucket)
+        if not peers or all(self.cache.cached_size(bucket_id, k)[1] is not None for k in keys):
+            return None
+        grant = PeerGrant.issue(self.key, tenant=tenant, bucket=bucket, bucket_id=bucket_id, keys=keys, request_id=request_id,
+                                issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
+        call = PeerCall(bucket, bucket_id, keys, grant)
+        peer = direct_peer(self.me, await self._ask(peers, call), len(keys))
+        if peer is None:
+            return None
+        try:
+            ticket = await self.client.ticket(peer, call, descriptor)
+        except PeerFault as e:
+            log.info("cluster: no direct path (%s); serving request %s here", e, request_id)
+            return None
+        self.tally.direct += 1
+        return ticket.to_json()
+
     def status(self) -> dict[str, object]:
         t = self.tally
         rates = {p: round(b / t.seconds[p]) for p, b in t.bytes.items() if t.seconds.get(p)}
-        return {"fetched_bytes": dict(t.bytes), "fetch_bytes_per_s": rates, "failovers": t.failovers, "lookups": t.lookups}
+        return {"fetched_bytes": dict(t.bytes), "fetch_bytes_per_s": rates, "failovers": t.failovers, "lookups": t.lookups,
+                "direct_grants": t.direct}
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

@@ -39,3 +39,9 @@ def shares(indices: list[int], parts: int) -> list[list[int]]:
     n = len(indices)
     cuts = [n * i // parts for i in range(parts + 1)]
     return [indices[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def direct_peer(me: NodeInfo, answers: list[Candidate], n: int) -> NodeInfo | None:
+    """The peer to stream a whole kv-get straight to the engine (peer -> engine): one holding all ``n`` chunks, nearest first."""
+    whole = [a for a in rank_peers(me, answers) if a.warm == n]
+    return whole[0].peer if whole else None

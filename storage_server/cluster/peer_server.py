@@ -1,6 +1,7 @@
 """The peer listener: what this node does for other nodes of its cluster, and nothing for anyone else.
 
-Two operations (:mod:`protocol.cluster`), each refused unless the call is signed with the cluster
+Three operations (:mod:`protocol.cluster`): lookup, fetch, and a ticket for this node's data endpoint
+(the peer -> engine path), each refused unless the call is signed with the cluster
 key, fresh and not replayed (:class:`~protocol.cluster_auth.CallVerifier`) and carries a grant for
 exactly its key list (:class:`~protocol.cluster_auth.PeerGrant`). Only this node's chunk cache is
 read (unless the call asks for a fill): a peer that does not hold a chunk says so and the asking node takes
@@ -17,7 +18,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from awscrt import checksums as crt
@@ -25,15 +26,17 @@ from awscrt import checksums as crt
 from protocol.cluster import CHUNK_HEAD, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
 from protocol.config import ClusterConfig
-from protocol.errors import S3Error
+from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op, encode_reply
-from protocol.wire import decode_keys
+from protocol.wire import decode_descriptor, decode_keys
 
+from ..data_endpoint import DataEndpoint
 from ..rpc_server import Reply, RpcCall, RpcServer
 from ..store.s3.chunks import S3ChunkSource
 
 log = logging.getLogger("objectcache.cluster")
 MAX_KEYS_BODY = 64 << 20
+MAX_DESCRIPTOR_KEYS = 1 << 20
 FILL_BATCH = 16  # chunks a fill pins (fetching them from the upstream at cache.fetch_concurrency) before streaming them
 
 
@@ -43,6 +46,7 @@ class Served:
     chunks: int = 0
     bytes: int = 0
     refused: int = 0
+    tickets: int = 0
     by_tenant: dict[str, int] = field(default_factory=dict)
 
 
@@ -68,20 +72,20 @@ def _read(path: str) -> bytes:
 
 
 class PeerServer:
-    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource) -> None:
-        self.cfg, self.chunks = cfg, chunks
+    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource, data: DataEndpoint | None = None) -> None:
+        self.cfg, self.chunks, self.data = cfg, chunks, data
         self.key = cfg.key.encode()
         self.verifier = CallVerifier(self.key)
         self.pace = Pace(cfg.serve_max_bytes_per_s)
         self.served = Served()
-        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch}, max_body=MAX_KEYS_BODY,
+        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch, Op.PEER_TICKET: self.ticket}, max_body=MAX_KEYS_BODY,
                              request_timeout_s=cfg.peer_timeout_s, single_request=True)
 
-    def _authorise(self, call: RpcCall) -> tuple[PeerGrant, list[str]]:
+    def _authorise(self, call: RpcCall, keys_of: Callable[[bytes], list[str]] = decode_keys) -> tuple[PeerGrant, list[str]]:
         op, fields = call.request.op.value, call.request.fields
         try:
             self.verifier.verify(op, fields, call.body)
-            keys = decode_keys(call.body)
+            keys = keys_of(call.body)
             grant = PeerGrant.verify(fields.get("grant"), self.key, keys)
             if grant.bucket != fields.get("bucket") or grant.bucket_id != fields.get("bucket_id"):
                 raise denied("the bucket is not the one its grant names")
@@ -157,9 +161,23 @@ class PeerServer:
             finally:
                 pinned.release()
 
+    async def ticket(self, call: RpcCall) -> Reply:
+        """A ticket for this node's data endpoint, so the asking node's client streams the kv-get from here
+        (peer -> engine): only for a descriptor whose every chunk this node holds, in the grant's bucket incarnation."""
+        grant, keys = self._authorise(call, lambda body: decode_descriptor(body, MAX_DESCRIPTOR_KEYS).chunk_keys)
+        if await self.chunks.store.bucket_id(grant.bucket) != grant.bucket_id:
+            self.served.refused += 1
+            raise denied("the bucket's incarnation is not the one its grant names")
+        if self.data is None or not self.data.endpoint:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} has no data endpoint (storage_server.data_listen)")
+        if self._warm(grant.bucket_id, keys) < len(keys):
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} no longer holds every chunk")
+        self.served.tickets += 1
+        return self.data.issue(grant.tenant, grant.bucket, grant.request_id, call.body, via=self.cfg.node_id)
+
     async def listen(self, address: str) -> asyncio.AbstractServer:
         return await self.rpc.listen("", address)
 
     def status(self) -> dict[str, object]:
         s = self.served
-        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused}
+        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused, "tickets": s.tickets}

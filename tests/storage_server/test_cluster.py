@@ -133,6 +133,30 @@ def test_killing_the_serving_peer_mid_transfer_completes_the_kv_get_through_anot
         slow.kill()
 
 
+def test_a_peer_streams_a_kv_get_straight_to_the_engine_with_a_ticket_the_first_node_obtained(cluster, tmp_path):
+    """Peer -> engine over the direct http data path: D lacks the prefix, B holds it whole, the client streams from B."""
+    moto, nodes, people, key, _ = cluster
+    b = nodes["b"]
+    d = start_node(tmp_path, "d", moto, list(people.values()), key, direct_from_peers=True)
+    try:
+        wait_live(d, {"b"})
+        bucket = "direct"
+        boto_client(d.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+        n = 24
+        keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=17)
+        run(_put(b, people["alice"], bucket, keys, chunks))
+        tickets, before = status(b)["cluster"]["served"]["tickets"], len(moto.requests())
+        payload, stats = run(_fetch(d, people["alice"], bucket, keys, "http"))
+        assert np.array_equal(payload, reference(LAYOUT, chunks)) and chunk_gets(moto, bucket, before) == []
+        assert stats.direct and stats.server.paths == {"peer:b": n * CHUNK}
+        assert status(b)["cluster"]["served"]["tickets"] == tickets + 1 and status(d)["cluster"]["direct_grants"] == 1
+        assert status(d)["chunk_cache"]["chunks"] == 0  # the bytes went B -> engine, not through D's cache
+        payload, stats = run(_fetch(d, people["alice"], bucket, keys, "shm"))  # shm is host-local: through D's cache
+        assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"peer:b": n * CHUNK}
+    finally:
+        d.stop()
+
+
 def test_bob_cannot_use_alices_chunks_through_any_peer_path(cluster):
     moto, nodes, people, _, _ = cluster
     a, b = nodes["a"], nodes["b"]
@@ -193,7 +217,10 @@ def test_a_peer_call_without_the_cluster_key_is_refused(cluster):
     other = encode_keys(keys[:3])
     reply = _peer_call(port, Op.PEER_LOOKUP, sign_call(k, "a", Op.PEER_LOOKUP.value, {**fields, "grant": good}, other), other)
     assert not reply["ok"] and "keys" in reply["error"]["message"]
+    # A ticket for B's data endpoint (peer -> engine) needs the key too.
+    reply = _peer_call(port, Op.PEER_TICKET, {"bucket": bucket, "bucket_id": "x", "grant": good}, b"descriptor")
+    assert not reply["ok"] and reply["error"]["code"] == "AccessDenied"
     # Tenant operations are not served on the peer listener at all.
     reply = _peer_call(port, Op.KV_GET, {"tenant": "alice", "bucket": bucket}, b"")
     assert not reply["ok"] and "not served" in reply["error"]["message"]
-    assert status(b)["cluster"]["served"]["refused"] >= refused + 5
+    assert status(b)["cluster"]["served"]["refused"] >= refused + 6
