@@ -9,7 +9,7 @@ the asking node signed for one tenant's kv-get:
 * ``peer-lookup`` — how many leading chunks of a key list this node holds warm in its cache
   (never asking the upstream): :class:`PeerLookupReply`.
 * ``peer-fetch`` — the chunks ``keys[start:start+count]`` of the granted list, whole, in
-  order: the reply line (:class:`PeerFetchAccepted`), then per chunk a :data:`CHUNK_HEAD`
+  order (with ``fill``, fetching those it does not hold from the upstream through its cache first): the reply line (:class:`PeerFetchAccepted`), then per chunk a :data:`CHUNK_HEAD`
   (index in the granted list, size, CRC32C) and its bytes, ending at the first chunk the
   node does not hold (a head with size :data:`NOT_HELD`) or after the last.
 
@@ -128,17 +128,22 @@ class PeerLookupReply:
 
 @dataclass(frozen=True)
 class PeerFetchRange:
-    """Which of the granted keys a peer-fetch asks for."""
+    """Which of the granted keys a peer-fetch asks for; ``fill``: chunks the peer does not hold it fetches from the
+    upstream into its own cache first (a cold request split over two nodes' upstream links)."""
 
     start: int
     count: int
+    fill: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], of: int) -> "PeerFetchRange":
-        r = cls(_num(obj, "start"), _num(obj, "count"))
+        fill = obj.get("fill", False)
+        if not isinstance(fill, bool):
+            raise _bad("fill", "must be true or false")
+        r = cls(_num(obj, "start"), _num(obj, "count"), fill)
         if r.start < 0 or r.count < 1 or r.start + r.count > of:
             raise _bad("count", f"start {r.start} + count {r.count} is outside the {of} granted keys")
         return r

@@ -397,6 +397,14 @@ class ClusterConfig(Section):
     grant_ttl_s: float = 30.0
     # Bytes per second this node sends to peers at most (0: unlimited), so peers never crowd its own clients.
     serve_max_bytes_per_s: float = 0.0
+    # A kv-get's chunks no peer holds are split into this many + 1 shares: one from the upstream
+    # through this node, the others through as many peers' upstream links (and caches) at once.
+    # 0: every cold chunk comes through this node.
+    cold_split_peers: int = 0
+    # Peer -> engine: an http kv-get (asked for the direct data path) whose chunks this node lacks and one peer
+    # holds whole is answered with a ticket for that peer's data endpoint (storage_server.data_listen there), so
+    # the client streams it from the peer; the chunks do not enter this node's cache. false: through this node.
+    direct_from_peers: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -414,6 +422,7 @@ class ClusterConfig(Section):
         if self.enabled:
             self.require(bool(self.listen), "listen", "must be set when node_id is (the peer listener)")
             self.require(len(self.key) >= 32, "key", "must be at least 32 characters when node_id is set (e.g. `openssl rand -base64 33`)")
+            self.require(PLACEHOLDER_MARK not in self.key, "key", "is the example's placeholder; generate one (e.g. `openssl rand -base64 33`)")
             wildcard = self.listen.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::")
             self.require(not wildcard or bool(self.advertise), "advertise", "must be set when listen binds a wildcard address")
         for p in self.peers:
@@ -426,6 +435,7 @@ class ClusterConfig(Section):
         self.require(self.peer_timeout_s > 0, "peer_timeout_s", "must be > 0")
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
         self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
+        self.require(self.cold_split_peers >= 0, "cold_split_peers", "must be >= 0 (0 = no split)")
         self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
 
 

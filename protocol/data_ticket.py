@@ -64,6 +64,9 @@ class DataTicket:
     expires: float
     nonce: str
     descriptor_bytes: int = -1  # its length: a request announcing another body length is refused before the body is read
+    # The cluster node this ticket's kv-get serves on another node's behalf (its chunk bytes count as "peer:<via>");
+    # empty: the node the tenant asked.
+    via: str = ""
 
     def sign(self, key: bytes) -> str:
         payload = _b64(json.dumps({"v": TICKET_VERSION, **asdict(self)}, separators=(",", ":")).encode())

@@ -33,6 +33,7 @@ class Op(StrEnum):
     # Node to node, on the peer listener only, signed with the cluster key (protocol.cluster, protocol.cluster_auth).
     PEER_LOOKUP = "peer-lookup"
     PEER_FETCH = "peer-fetch"
+    PEER_TICKET = "peer-ticket"
 
 
 @dataclass(frozen=True)

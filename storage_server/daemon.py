@@ -64,7 +64,7 @@ class StorageServer:
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
-        self.cluster = _cluster_node(config, chunks)
+        self.cluster = _cluster_node(config, chunks, self.data)
 
     async def start(self) -> asyncio.AbstractServer:
         self.gc.start()
@@ -156,7 +156,7 @@ class StorageServer:
         await self.store.close()
 
 
-def _cluster_node(config: Config, chunks: ChunkSource):  # -> ClusterNode | None
+def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint):  # -> ClusterNode | None
     """The cluster membership of this node when ``cluster.node_id`` is set (the config refuses it without the s3 backend)."""
     if not config.cluster.enabled:
         return None
@@ -164,4 +164,4 @@ def _cluster_node(config: Config, chunks: ChunkSource):  # -> ClusterNode | None
     from .store.s3.chunks import S3ChunkSource
 
     assert isinstance(chunks, S3ChunkSource)
-    return ClusterNode(config, chunks)
+    return ClusterNode(config, chunks, data)

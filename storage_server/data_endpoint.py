@@ -35,6 +35,10 @@ def connection_cap(configured: int) -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return max(1, min(configured, soft // 4)) if soft > 0 else configured
 
+# Asked first for a ticket to another node's data endpoint (the cluster's peer -> engine path): the grant's
+# JSON, or None to serve the kv-get here. Arguments: tenant, bucket, request id, descriptor.
+ElsewhereGrant = Callable[[str, str, str, bytes], Awaitable[dict | None]]
+
 
 class DataEndpoint:
     """Issues tickets (for the gateway's RPC) and serves ticketed kv-gets on ``storage_server.data_listen``."""
@@ -52,6 +56,7 @@ class DataEndpoint:
                              single_request=True, max_connections=connection_cap(config.data_max_connections),
                              check_header=self.check_ticket)
         self.endpoint = ""  # the address clients are told, once listening
+        self.elsewhere: ElsewhereGrant | None = None
 
     async def listen(self) -> asyncio.AbstractServer | None:
         if not self.config.data_listen:
@@ -64,15 +69,22 @@ class DataEndpoint:
         return server
 
     async def ticket(self, call: RpcCall) -> Reply:
-        """``Op.KV_TICKET`` (from the gateway, which authenticated the caller): a ticket for this descriptor."""
+        """``Op.KV_TICKET`` (from the gateway, which authenticated the caller): a ticket for this descriptor
+        (on a peer's data endpoint when the cluster says so)."""
+        tenant, bucket, request_id = call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", ""))
+        if self.elsewhere is not None and (grant := await self.elsewhere(tenant, bucket, request_id, call.body)) is not None:
+            return grant
+        # The incarnation whose ownership the gateway checked; asked here only of a gateway that does not send it.
+        incarnation = str(call.request.fields.get("bucket_incarnation") or "") or (await self._incarnation(bucket) if self.endpoint else "")
+        return self.issue(tenant, bucket, incarnation, request_id, call.body)
+
+    def issue(self, tenant: str, bucket: str, incarnation: str, request_id: str, descriptor: bytes, via: str = "") -> dict:
+        """A ticket for this endpoint (empty endpoint: there is none), bound to ``incarnation`` of ``bucket``."""
         if not self.endpoint:
             return {"endpoint": "", "ticket": "", "expires_in_s": 0}
         ttl = self.config.data_ticket_ttl_s
-        bucket = call.field("bucket")
-        # The incarnation whose ownership the gateway checked; asked here only of a gateway that does not send it.
-        incarnation = str(call.request.fields.get("bucket_incarnation") or await self._incarnation(bucket))
-        t = DataTicket(call.field("tenant"), bucket, incarnation, str(call.request.fields.get("request_id", "")),
-                       descriptor_digest(call.body), self.clock() + ttl, secrets.token_hex(12), len(call.body))
+        t = DataTicket(tenant, bucket, incarnation, request_id, descriptor_digest(descriptor), self.clock() + ttl,
+                       secrets.token_hex(12), len(descriptor), via)
         return {"endpoint": self.endpoint, "ticket": t.sign(self._key), "expires_in_s": ttl}
 
     def check_ticket(self, request: RpcRequest) -> DataTicket:
@@ -102,5 +114,5 @@ class DataEndpoint:
             current = ""
         if current != t.bucket_incarnation:
             raise S3Error(ErrorCode.AccessDenied, f"The data ticket's bucket {t.bucket!r} was deleted since the ticket was issued.")
-        fields = {"tenant": t.tenant, "bucket": t.bucket, "request_id": t.request_id}
+        fields = {"tenant": t.tenant, "bucket": t.bucket, "request_id": t.request_id, **({"via": t.via} if t.via else {})}
         return await self._kv_get(replace(call, request=replace(call.request, fields=fields)))

@@ -209,6 +209,8 @@ class KVService:
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id, stats.setup_s = request_id, setup_s
                 stats.paths = pinned.paths or {"local": sum(pinned.sizes)}
+                if via := call.request.fields.get("via"):  # served on a peer's behalf: this node's cache is that node's peer path
+                    stats.paths = {f"peer:{via}" if path == "local" else path: n for path, n in stats.paths.items()}
                 stats.failovers = pinned.failovers
                 await frames.end(stats.to_json())
                 self.completed += 1

@@ -25,7 +25,7 @@ def node_config(root: Path, name: str, upstream, tenants: list[TenantKeys], key:
     static = json.dumps([f"{n}=127.0.0.1:{p}" for n, p in (peers or {}).items()])
     text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{upstream.config()}'
             f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
-            f'[storage_server]\nsocket = "{root / name}.sock"\n'
+            f'[storage_server]\nsocket = "{root / name}.sock"\ndata_listen = "127.0.0.1:0"\n'
             f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\npeers = {static}\n'
             f'registry_bucket = "{REGISTRY if registry else ""}"\n{extra}')
     text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)

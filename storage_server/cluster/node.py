@@ -13,6 +13,7 @@ import logging
 from protocol.cluster import NodeInfo
 from protocol.config import Config
 
+from ..data_endpoint import DataEndpoint
 from ..store.s3.chunks import S3ChunkSource
 from .fetcher import PeerFetcher
 from .membership import Membership
@@ -22,10 +23,11 @@ log = logging.getLogger("objectcache.cluster")
 
 
 class ClusterNode:
-    def __init__(self, config: Config, chunks: S3ChunkSource) -> None:
+    def __init__(self, config: Config, chunks: S3ChunkSource, data: DataEndpoint | None = None) -> None:
         self.cfg = config.cluster
         self.chunks = chunks
-        self.server = PeerServer(self.cfg, chunks)
+        self.data = data
+        self.server = PeerServer(self.cfg, chunks, data)
         self.me: NodeInfo | None = None
         self.members: Membership | None = None
         self.fetcher: PeerFetcher | None = None
@@ -43,8 +45,10 @@ class ClusterNode:
         self.members = Membership(cfg, self.me, self.chunks.up)
         await self.members.start()
         self._beats = asyncio.ensure_future(self.members.run())
-        self.fetcher = PeerFetcher(cfg, self.me, self.members)
+        self.fetcher = PeerFetcher(cfg, self.me, self.members, self.chunks)
         self.chunks.second = self.fetcher
+        if self.data is not None:
+            self.data.elsewhere = self.fetcher.direct_grant
         log.info("cluster: node %s serving peers on %s", cfg.node_id, address)
 
     def status(self) -> dict[str, object]:
@@ -58,6 +62,8 @@ class ClusterNode:
 
     async def close(self) -> None:
         self.chunks.second = None
+        if self.data is not None:
+            self.data.elsewhere = None
         if self._beats is not None:
             self._beats.cancel()
         if self._listener is not None:

@@ -16,6 +16,7 @@ from awscrt import checksums as crt
 
 from protocol.cluster import CHUNK_HEAD, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import sign_call
+from protocol.data_ticket import DirectGrant
 from protocol.errors import S3Error
 from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
 from protocol.wire import encode_keys
@@ -79,6 +80,18 @@ class PeerClient:
         if answer.of != len(call.keys):
             raise PeerFault(f"{peer.node_id} answered about {answer.of} keys, not {len(call.keys)}")
         return answer
+
+    async def ticket(self, peer: NodeInfo, call: PeerCall, descriptor: bytes) -> DirectGrant:
+        """A ticket for ``peer``'s data endpoint, for the kv-get of ``descriptor`` (whose keys the grant names)."""
+        _, writer, reply = await self._open(peer, Op.PEER_TICKET, call.fields(), descriptor)
+        writer.close()
+        try:
+            grant = DirectGrant.from_json(reply)
+        except S3Error as e:
+            raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
+        if not grant.endpoint or not grant.ticket:
+            raise PeerFault(f"{peer.node_id} has no data endpoint")
+        return grant
 
     async def fetch(self, peer: NodeInfo, call: PeerCall, want: PeerFetchRange, chunk_bytes: int, on_chunk: OnChunk) -> int:
         """Stream ``want`` from ``peer``, checking each chunk, until it has sent all or says it holds no more; how many came.

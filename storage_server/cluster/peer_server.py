@@ -1,11 +1,14 @@
 """The peer listener: what this node does for other nodes of its cluster, and nothing for anyone else.
 
-Two operations (:mod:`protocol.cluster`), each refused unless the call is signed with the cluster
+Three operations (:mod:`protocol.cluster`): lookup, fetch, and a ticket for this node's data endpoint
+(the peer -> engine path), each refused unless the call is signed with the cluster
 key, fresh and not replayed (:class:`~protocol.cluster_auth.CallVerifier`) and carries a grant for
 exactly its key list (:class:`~protocol.cluster_auth.PeerGrant`). Only this node's chunk cache is
-read, never the upstream: a peer that does not hold a chunk says so and the asking node takes
+read (unless the call asks for a fill): a peer that does not hold a chunk says so and the asking node takes
 another path. Chunks are served from the cache under the grant's bucket incarnation, so a grant for
-one tenant's bucket can never reach another bucket's cached bytes. Sending is paced to
+one tenant's bucket can never reach another bucket's cached bytes. A ``fill`` fetch (a cold request
+split over two nodes' upstream links) also fetches what it lacks from the upstream through its own
+cache, after checking the bucket's current incarnation is the grant's. Sending is paced to
 ``cluster.serve_max_bytes_per_s`` over all peers together.
 """
 
@@ -15,6 +18,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from awscrt import checksums as crt
@@ -22,14 +26,18 @@ from awscrt import checksums as crt
 from protocol.cluster import CHUNK_HEAD, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
 from protocol.config import ClusterConfig
+from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op, encode_reply
-from protocol.wire import decode_keys
+from protocol.wire import decode_descriptor, decode_keys
 
+from ..data_endpoint import DataEndpoint
 from ..rpc_server import Reply, RpcCall, RpcServer
 from ..store.s3.chunks import S3ChunkSource
 
 log = logging.getLogger("objectcache.cluster")
 MAX_KEYS_BODY = 64 << 20
+MAX_DESCRIPTOR_KEYS = 1 << 20
+FILL_BATCH = 16  # chunks a fill pins (fetching them from the upstream at cache.fetch_concurrency) before streaming them
 
 
 @dataclass
@@ -38,6 +46,7 @@ class Served:
     chunks: int = 0
     bytes: int = 0
     refused: int = 0
+    tickets: int = 0
     by_tenant: dict[str, int] = field(default_factory=dict)
 
 
@@ -63,20 +72,20 @@ def _read(path: str) -> bytes:
 
 
 class PeerServer:
-    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource) -> None:
-        self.cfg, self.chunks = cfg, chunks
+    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource, data: DataEndpoint | None = None) -> None:
+        self.cfg, self.chunks, self.data = cfg, chunks, data
         self.key = cfg.key.encode()
         self.verifier = CallVerifier(self.key)
         self.pace = Pace(cfg.serve_max_bytes_per_s)
         self.served = Served()
-        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch}, max_body=MAX_KEYS_BODY,
+        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch, Op.PEER_TICKET: self.ticket}, max_body=MAX_KEYS_BODY,
                              request_timeout_s=cfg.peer_timeout_s, single_request=True)
 
-    def _authorise(self, call: RpcCall) -> tuple[PeerGrant, list[str]]:
+    def _authorise(self, call: RpcCall, keys_of: Callable[[bytes], list[str]] = decode_keys) -> tuple[PeerGrant, list[str]]:
         op, fields = call.request.op.value, call.request.fields
         try:
             self.verifier.verify(op, fields, call.body)
-            keys = decode_keys(call.body)
+            keys = keys_of(call.body)
             grant = PeerGrant.verify(fields.get("grant"), self.key, keys)
             if grant.bucket != fields.get("bucket") or grant.bucket_id != fields.get("bucket_id"):
                 raise denied("the bucket is not the one its grant names")
@@ -96,20 +105,13 @@ class PeerServer:
     async def fetch(self, call: RpcCall) -> Reply:
         grant, keys = self._authorise(call)
         want = PeerFetchRange.from_json(call.request.fields, len(keys))
+        if want.fill and await self.chunks.store.bucket_id(grant.bucket) != grant.bucket_id:
+            self.served.refused += 1
+            raise denied("the bucket's incarnation is not the one its grant names")
         writer = call.writer
         writer.write(encode_reply(PeerFetchAccepted(self.cfg.node_id).to_json()))
-        loop = asyncio.get_running_loop()
-        for index in range(want.start, want.start + want.count):
-            cid, size = self.chunks.cached_size(grant.bucket_id, keys[index])
-            data = None
-            if size is not None:
-                self.chunks.files.policy.pin([cid])  # not evicted while it is read
-                try:
-                    data = await loop.run_in_executor(None, _read, os.fspath(self.chunks.files.path(cid, size)))
-                except FileNotFoundError:
-                    data = None
-                finally:
-                    self.chunks.files.policy.unpin([cid])
+        chunks = self._filled(grant, keys, want) if want.fill else self._cached(grant.bucket_id, keys, want)
+        async for index, data in chunks:
             if data is None:
                 writer.write(CHUNK_HEAD.pack(index, NOT_HELD, 0))
                 break
@@ -122,9 +124,60 @@ class PeerServer:
         await writer.drain()
         return None
 
+    async def _cached(self, bucket_id: str, keys: list[str], want: PeerFetchRange) -> AsyncIterator[tuple[int, bytes | None]]:
+        """The range from this node's cache, stopping at the first chunk it does not hold (None)."""
+        loop = asyncio.get_running_loop()
+        files = self.chunks.files
+        for index in range(want.start, want.start + want.count):
+            cid, size = self.chunks.cached_size(bucket_id, keys[index])
+            data = None
+            if size is not None:
+                files.policy.pin([cid])  # not evicted while it is read
+                try:
+                    data = await loop.run_in_executor(None, _read, os.fspath(files.path(cid, size)))
+                except FileNotFoundError:
+                    data = None
+                finally:
+                    files.policy.unpin([cid])
+            yield index, data
+            if data is None:
+                return
+
+    async def _filled(self, grant: PeerGrant, keys: list[str], want: PeerFetchRange) -> AsyncIterator[tuple[int, bytes | None]]:
+        """The range through this node's cache, fetching what it lacks from the upstream, a batch pinned at a time."""
+        loop = asyncio.get_running_loop()
+        end = want.start + want.count
+        for lo in range(want.start, end, FILL_BATCH):
+            batch = keys[lo:min(end, lo + FILL_BATCH)]
+            try:
+                pinned = await self.chunks.pin(grant.bucket, batch)  # no PinFor: never asks peers in turn
+            except S3Error as e:
+                log.info("cluster: fill for %s stopped at chunk %d: %s", grant.issuer, lo, e.message)
+                yield lo, None
+                return
+            try:
+                for j, (fd, size) in enumerate(zip(pinned.fds, pinned.sizes)):
+                    yield lo + j, await loop.run_in_executor(None, os.pread, fd, size, 0)
+            finally:
+                pinned.release()
+
+    async def ticket(self, call: RpcCall) -> Reply:
+        """A ticket for this node's data endpoint, so the asking node's client streams the kv-get from here
+        (peer -> engine): only for a descriptor whose every chunk this node holds, in the grant's bucket incarnation."""
+        grant, keys = self._authorise(call, lambda body: decode_descriptor(body, MAX_DESCRIPTOR_KEYS).chunk_keys)
+        if await self.chunks.store.bucket_id(grant.bucket) != grant.bucket_id:
+            self.served.refused += 1
+            raise denied("the bucket's incarnation is not the one its grant names")
+        if self.data is None or not self.data.endpoint:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} has no data endpoint (storage_server.data_listen)")
+        if self._warm(grant.bucket_id, keys) < len(keys):
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} no longer holds every chunk")
+        self.served.tickets += 1
+        return self.data.issue(grant.tenant, grant.bucket, grant.bucket_id, grant.request_id, call.body, via=self.cfg.node_id)
+
     async def listen(self, address: str) -> asyncio.AbstractServer:
         return await self.rpc.listen("", address)
 
     def status(self) -> dict[str, object]:
         s = self.served
-        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused}
+        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused, "tickets": s.tickets}

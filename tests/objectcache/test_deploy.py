@@ -44,7 +44,7 @@ def test_kubernetes_puts_a_node_on_every_gpu_host_with_a_node_local_cache_in_fro
     service, secret, pod = docs["Service"], docs["Secret"], docs["DaemonSet"]["spec"]["template"]["spec"]
     assert "nvidia.com/gpu.present" in pod["nodeSelector"] and pod["hostIPC"] and pod["hostNetwork"]
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]} | secret["stringData"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"].startswith("OBJECTCACHE_")} | secret["stringData"]
     cfg = load_config(env=env)
     endpoint = urlsplit(cfg.store.s3.endpoint_url)
     assert cfg.store.backend == "s3" and cfg.cache.max_bytes > 0

@@ -39,7 +39,8 @@ def cluster(tmp_path_factory):
     moto = MotoServer(root / "moto.log").start()
     people = make_tenants("alice", "bob")
     key = cluster_key()
-    nodes = {n: start_node(root, n, moto, people, key) for n in ("a", "b", "c")}
+    # A splits what no peer holds with one peer's upstream link (cluster.cold_split_peers).
+    nodes = {n: start_node(root, n, moto, people, key, **({"cold_split_peers": 1} if n == "a" else {})) for n in ("a", "b", "c")}
     for name, n in nodes.items():
         wait_live(n, set(nodes) - {name})
     yield moto, nodes, {t.name: t for t in people}, key, root
@@ -48,14 +49,14 @@ def cluster(tmp_path_factory):
     moto.stop()
 
 
-async def _put(node, tenant, bucket, keys, chunks) -> None:
+async def _put(node, tenant, bucket, keys, chunks, layout=LAYOUT) -> None:
     async with client(node, tenant, bucket) as c:
-        assert await c.put_chunks(keys, chunks, LAYOUT) == len(keys)
+        assert await c.put_chunks(keys, chunks, layout) == len(keys)
 
 
-async def _fetch(node, tenant, bucket, keys, transport="http"):
+async def _fetch(node, tenant, bucket, keys, transport="http", layout=LAYOUT):
     async with client(node, tenant, bucket) as c:
-        return await c.fetch(keys, LAYOUT, transport, mode="layerwise")
+        return await c.fetch(keys, layout, transport, mode="layerwise")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -79,26 +80,27 @@ def test_a_prefix_warm_only_on_b_is_fetched_through_a_from_b_with_no_upstream_ge
     assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"local": n * CHUNK}
 
 
-def test_a_split_prefix_comes_partly_from_the_cache_partly_from_a_peer_and_the_rest_from_the_upstream(cluster):
+@pytest.mark.parametrize("g", [16, 64, 256])
+def test_a_split_kv_get_is_served_by_the_cache_a_peer_and_two_nodes_upstream_links_at_once(cluster, g):
+    """A holds the head, C the middle, nobody the tail: the tail is split between A's and B's upstream links."""
     moto, nodes, people, _, _ = cluster
-    a, b, c = nodes["a"], nodes["b"], nodes["c"]
-    bucket = "split"
-    boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
-    n = 30
-    keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=8)
-    run(_put(c, people["alice"], bucket, keys, chunks))  # warm on C (all of it)
-    run(_fetch(a, people["alice"], bucket, keys[:10]))  # A now holds the head (from C)
-    run(_put(b, people["alice"], bucket, keys[:20], chunks[:20]))  # B holds 20: fewer than C, so C is asked first
-    more_keys = keys_for(LAYOUT, n + 10, bucket)[n:]
-    more_chunks = make_chunks(LAYOUT, 10, seed=9)
+    a, c = nodes["a"], nodes["c"]
+    layout = tiny_layout(g, num_layers=8)
+    chunk = layout.chunk_bytes
+    bucket = f"split-{g}"
     boto = boto_client(a.endpoint, people["alice"])
-    for k, ch in zip(more_keys, more_chunks):  # stored upstream only (plain S3 PUTs keep no cache copy)
+    boto.create_bucket(Bucket=bucket)
+    n = 40
+    keys, chunks = keys_for(layout, n, bucket), make_chunks(layout, n, seed=g)
+    for k, ch in zip(keys, chunks):  # in the upstream only (plain S3 PUTs keep no cache copy)
         boto.put_object(Bucket=bucket, Key=k, Body=ch.tobytes())
+    run(_put(c, people["alice"], bucket, keys[:20], chunks[:20], layout))  # an identical re-put: warm on C
+    run(_fetch(a, people["alice"], bucket, keys[:10], layout=layout))  # A holds the head (from C)
     before = len(moto.requests())
-    payload, stats = run(_fetch(a, people["alice"], bucket, keys + more_keys))
-    assert np.array_equal(payload, reference(LAYOUT, chunks + more_chunks))
-    assert stats.server.paths == {"local": 10 * CHUNK, "peer:c": 20 * CHUNK, "upstream": 10 * CHUNK}
-    assert len(chunk_gets(moto, bucket, before)) == 10
+    payload, stats = run(_fetch(a, people["alice"], bucket, keys, layout=layout))
+    assert np.array_equal(payload, reference(layout, chunks))
+    assert stats.server.paths == {"local": 10 * chunk, "peer:c": 10 * chunk, "upstream": 10 * chunk, "peer:b": 10 * chunk}
+    assert len(chunk_gets(moto, bucket, before)) == 20  # every cold chunk fetched once: half by A, half by B
 
 
 def test_killing_the_serving_peer_mid_transfer_completes_the_kv_get_through_another_path(cluster, tmp_path):
@@ -129,6 +131,30 @@ def test_killing_the_serving_peer_mid_transfer_completes_the_kv_get_through_anot
         assert status(a)["cluster"]["failovers"] >= 1
     finally:
         slow.kill()
+
+
+def test_a_peer_streams_a_kv_get_straight_to_the_engine_with_a_ticket_the_first_node_obtained(cluster, tmp_path):
+    """Peer -> engine over the direct http data path: D lacks the prefix, B holds it whole, the client streams from B."""
+    moto, nodes, people, key, _ = cluster
+    b = nodes["b"]
+    d = start_node(tmp_path, "d", moto, list(people.values()), key, direct_from_peers=True)
+    try:
+        wait_live(d, {"b"})
+        bucket = "direct"
+        boto_client(d.endpoint, people["alice"]).create_bucket(Bucket=bucket)
+        n = 24
+        keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=17)
+        run(_put(b, people["alice"], bucket, keys, chunks))
+        tickets, before = status(b)["cluster"]["served"]["tickets"], len(moto.requests())
+        payload, stats = run(_fetch(d, people["alice"], bucket, keys, "http"))
+        assert np.array_equal(payload, reference(LAYOUT, chunks)) and chunk_gets(moto, bucket, before) == []
+        assert stats.direct and stats.server.paths == {"peer:b": n * CHUNK}
+        assert status(b)["cluster"]["served"]["tickets"] == tickets + 1 and status(d)["cluster"]["direct_grants"] == 1
+        assert status(d)["chunk_cache"]["chunks"] == 0  # the bytes went B -> engine, not through D's cache
+        payload, stats = run(_fetch(d, people["alice"], bucket, keys, "shm"))  # shm is host-local: through D's cache
+        assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"peer:b": n * CHUNK}
+    finally:
+        d.stop()
 
 
 def test_bob_cannot_use_alices_chunks_through_any_peer_path(cluster):
@@ -191,7 +217,10 @@ def test_a_peer_call_without_the_cluster_key_is_refused(cluster):
     other = encode_keys(keys[:3])
     reply = _peer_call(port, Op.PEER_LOOKUP, sign_call(k, "a", Op.PEER_LOOKUP.value, {**fields, "grant": good}, other), other)
     assert not reply["ok"] and "keys" in reply["error"]["message"]
+    # A ticket for B's data endpoint (peer -> engine) needs the key too.
+    reply = _peer_call(port, Op.PEER_TICKET, {"bucket": bucket, "bucket_id": "x", "grant": good}, b"descriptor")
+    assert not reply["ok"] and reply["error"]["code"] == "AccessDenied"
     # Tenant operations are not served on the peer listener at all.
     reply = _peer_call(port, Op.KV_GET, {"tenant": "alice", "bucket": bucket}, b"")
     assert not reply["ok"] and "not served" in reply["error"]["message"]
-    assert status(b)["cluster"]["served"]["refused"] >= refused + 5
+    assert status(b)["cluster"]["served"]["refused"] >= refused + 6

@@ -181,6 +181,11 @@ class S3ChunkSource(ChunkSource):
         return True
 
     # -- what a second source uses ---------------------------------------------------
+    async def fetch_upstream_pinned(self, bucket: str, key: str, cid: str) -> bool:
+        """The upstream path for one chunk, as a kv-get's own misses take it (a second source running its share of a
+        split beside its peers'); whether this call fetched it (False: it was cached or another request fetched it)."""
+        return await self._fetch_pinned(bucket, key, cid)
+
     def claim(self, cid: str) -> bool:
         """Take the fetch of ``cid`` (False: cached, or another request is fetching it); :meth:`release` after."""
         if self.files.size(cid) is not None or cid in self._inflight:
@@ -334,10 +339,7 @@ class S3ChunkSource(ChunkSource):
 def _paths(cids: list[str], sizes: list[int], upstream: list[str], filled: Filled) -> dict[str, int]:
     """Bytes per path of one pin: each peer's and the upstream's, the rest was in the cache already."""
     size = dict(zip(cids, sizes))
-    paths = {"local": sum(sizes)}
-    fetched = {"upstream": sum(size[c] for c in set(upstream))} | filled.paths
-    for path, n in fetched.items():
-        if n:
-            paths[path] = n
-            paths["local"] -= n
+    fetched = dict(filled.paths)
+    fetched["upstream"] = fetched.get("upstream", 0) + sum(size[c] for c in set(upstream))
+    paths = {"local": sum(sizes) - sum(fetched.values()), **fetched}
     return {path: n for path, n in paths.items() if n}
