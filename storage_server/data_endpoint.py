@@ -23,11 +23,14 @@ from dataclasses import replace
 from protocol.config import StorageServerConfig
 from protocol.data_ticket import DataTicket, descriptor_digest
 from protocol.errors import ErrorCode, S3Error
-from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest
+from protocol.rpc import Op, RpcRequest
 
 from .rpc_server import Reply, RpcCall, RpcHandler, RpcServer
 
 log = logging.getLogger("objectcache.storage_server.data")
+
+# A data endpoint request line holds a ticket (a few hundred bytes): a stranger's connection buffers no more than this.
+MAX_LINE = 16 * 1024
 
 
 def connection_cap(configured: int) -> int:
@@ -54,7 +57,7 @@ class DataEndpoint:
         # The ticket is checked from the request line: a stranger's descriptor is never read into memory.
         self.rpc = RpcServer({Op.KV_GET: self.get}, max_body=max_body, request_timeout_s=config.data_request_timeout_s,
                              single_request=True, max_connections=connection_cap(config.data_max_connections),
-                             check_header=self.check_ticket)
+                             check_header=self.check_ticket, line_limit=MAX_LINE)
         self.endpoint = ""  # the address clients are told, once listening
         self.elsewhere: ElsewhereGrant | None = None
 
@@ -62,7 +65,7 @@ class DataEndpoint:
         if not self.config.data_listen:
             return None
         host, _, port = self.config.data_listen.rpartition(":")
-        server = await asyncio.start_server(self.rpc.serve_connection, host.strip("[]"), int(port), limit=MAX_REQUEST_LINE)
+        server = await asyncio.start_server(self.rpc.serve_connection, host.strip("[]"), int(port), limit=MAX_LINE)
         bound = server.sockets[0].getsockname()[1]
         self.endpoint = self.config.data_endpoint or f"{host}:{bound}"
         log.info("data endpoint on %s:%d, advertised as %s", host, bound, self.endpoint)

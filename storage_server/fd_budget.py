@@ -1,8 +1,9 @@
 """File descriptors for transfers, bounded by the process's file limit whatever a descriptor names.
 
-A kv-get pins one open file per distinct chunk (and a cold one opens an
-``O_DIRECT`` twin of each), all at once, for its whole run: a descriptor of
-65,536 distinct chunks needs twice that many descriptors. Past the process's
+A kv-get pins one open file per distinct chunk (and a cold one into the
+client's memory opens an ``O_DIRECT`` twin of each), all at once, for its
+whole run: a descriptor of 65,536 distinct chunks needs up to twice that many
+descriptors. Past the process's
 limit the opens fail with EMFILE half-way, the request ends in a 500, and
 every other request that needs a descriptor meanwhile (a socket, a put) fails
 too. So transfers take their descriptors from a budget of half the current
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from protocol.errors import ErrorCode, S3Error
 
-FDS_PER_FILE = 2  # the pinned descriptor, and its O_DIRECT twin when the transfer reads cold chunks
+FDS_PER_FILE = 2  # the pinned descriptor, and its O_DIRECT twin when the transfer may read cold chunks direct
 
 
 def soft_fd_limit() -> int:
@@ -54,21 +55,22 @@ class FdBudget:
     def total(self) -> int:
         return max(FDS_PER_FILE, self._limit() // 2)
 
-    def need(self, files: int) -> int:
-        """The descriptors a transfer of ``files`` distinct chunk files takes; ``KVTooManyKeys`` if it never could."""
-        n = files * FDS_PER_FILE
+    def need(self, files: int, per_file: int = FDS_PER_FILE) -> int:
+        """The descriptors a transfer of ``files`` distinct chunk files takes (``per_file`` each); ``KVTooManyKeys``
+        if it never could."""
+        n = files * per_file
         total = self.total
         if n > total:
             raise S3Error(ErrorCode.KVTooManyKeys, f"the descriptor names {files} distinct chunks; this storage server keeps at most "
-                          f"{total // FDS_PER_FILE} chunk files open for one kv-get (half its file limit of {self._limit()}, "
-                          "two descriptors a chunk): split the request, or raise the service's LimitNOFILE",
+                          f"{total // per_file} chunk files open for one such kv-get (half its file limit of {self._limit()}, "
+                          f"{per_file} descriptor(s) a chunk): split the request, or raise the service's LimitNOFILE",
                           extra={"Field": "chunk_keys"})
         return n
 
     @contextlib.asynccontextmanager
-    async def hold(self, files: int) -> AsyncIterator[None]:
+    async def hold(self, files: int, per_file: int = FDS_PER_FILE) -> AsyncIterator[None]:
         """Wait until ``files`` chunk files fit beside the other transfers', hold them for the block."""
-        n = self.need(files)
+        n = self.need(files, per_file)
         async with self._changed:
             self.waiting += 1
             try:

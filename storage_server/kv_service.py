@@ -31,7 +31,7 @@ from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .executor import Executor, Pacer, ReadPlan
-from .fd_budget import FdBudget
+from .fd_budget import FDS_PER_FILE, FdBudget
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
@@ -179,7 +179,9 @@ class KVService:
     async def get(self, call: RpcCall) -> Reply:
         arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
-        async with self.fds.hold(len(set(d.chunk_keys))):  # its chunk files open beside the other transfers', never EMFILE
+        # Its chunk files open beside the other transfers', never EMFILE; an O_DIRECT twin each where a cold read may go direct.
+        direct = bool(self.executor.direct_depth) and transport_class(d.target.transport).reads_into_destination
+        async with self.fds.hold(len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
             return await self._get(call, d, arrived)
 
     async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:

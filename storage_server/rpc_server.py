@@ -64,8 +64,9 @@ class RpcServer:
 
     def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int, request_timeout_s: float | None = None,
                  single_request: bool = False, max_connections: int | None = None,
-                 check_header: HeaderCheck | None = None) -> None:
+                 check_header: HeaderCheck | None = None, line_limit: int = MAX_REQUEST_LINE) -> None:
         self.handlers = dict(handlers)
+        self.line_limit = line_limit  # the longest request line (also what a connection may buffer before it)
         self.max_body = max_body
         self.request_timeout_s = request_timeout_s
         self.single_request = single_request
@@ -173,8 +174,8 @@ class RpcServer:
             pass
         except asyncio.CancelledError:
             pass  # shutdown stopped this connection's transfer: closing the stream below is the whole answer
-        except ValueError:  # a request line longer than MAX_REQUEST_LINE
-            writer.write(encode_error(S3Error(ErrorCode.InvalidRequest, f"bad RPC request: line longer than {MAX_REQUEST_LINE} bytes")))
+        except ValueError:  # a request line longer than line_limit
+            writer.write(encode_error(S3Error(ErrorCode.InvalidRequest, f"bad RPC request: line longer than {self.line_limit} bytes")))
 
     async def listen(self, socket_path: str, tcp: str = "", key: SharedKey | None = None) -> asyncio.AbstractServer:
         """Listen on ``tcp`` ("host:port") if given, admitting only holders of ``key`` when set; else on a
@@ -185,10 +186,10 @@ class RpcServer:
                 log.warning("the storage-server RPC listens on %s without a shared key: anyone who can connect "
                             "can act as any tenant (set storage_server.rpc_key_file)", tcp)
             serve = functools.partial(self.serve_connection, key=key)
-            return await asyncio.start_server(serve, host.strip("[]"), int(port), limit=MAX_REQUEST_LINE)
+            return await asyncio.start_server(serve, host.strip("[]"), int(port), limit=self.line_limit)
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         os.makedirs(os.path.dirname(socket_path) or ".", exist_ok=True)
-        server = await asyncio.start_unix_server(self.serve_connection, socket_path, limit=MAX_REQUEST_LINE)
+        server = await asyncio.start_unix_server(self.serve_connection, socket_path, limit=self.line_limit)
         os.chmod(socket_path, 0o600)
         return server

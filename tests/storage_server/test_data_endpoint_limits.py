@@ -67,6 +67,11 @@ def test_a_ticket_is_checked_before_the_body_is_read(tmp_path):
         for ticket in ("forged.AAAA", ""):
             reply = reply_without_body(endpoint, ticket, BIG)
             assert reply["ok"] is False and reply["error"]["code"] == "AccessDenied", reply
+        # A request line is a ticket, not a megabyte: a long one is refused before it is buffered whole.
+        with connect(endpoint) as s:
+            s.sendall(json.dumps({"op": "kv-get", "body": 0, "ticket": "x" * (20 << 10)}).encode() + b"\n")
+            reply = json.loads(s.makefile("rb").readline())
+        assert reply["ok"] is False and reply["error"]["code"] == "InvalidRequest" and "longer than" in reply["error"]["message"]
         # A real ticket announcing another body length than its descriptor's: refused unread too.
         g = grant(proc, tenant, body)
         reply = reply_without_body(endpoint, g["ticket"], BIG)

@@ -145,3 +145,43 @@ def test_a_listener_beyond_loopback_needs_a_key(tmp_path):
     done = subprocess.run([sys.executable, "-m", "objectcache", "storage-server", "--config", str(config)], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "missing.key" in done.stderr, done.stderr
+
+
+def test_a_key_for_another_purpose_is_refused_both_ways():
+    """A cluster key and the RPC key never stand in for each other, even with the same secret."""
+    import asyncio
+
+    from protocol.rpc_auth import client_handshake, server_handshake
+
+    secret = secrets.token_bytes(32)
+    rpc_key, cluster_key = SharedKey(secret, STORAGE_RPC_PURPOSE), SharedKey(secret, "cluster")
+    assert proof(rpc_key, "client", b"s", b"c") != proof(cluster_key, "client", b"s", b"c")
+
+    async def attempt(server_key: SharedKey, client_key: SharedKey) -> tuple[object, object]:
+        results: list[object] = []
+
+        async def serve(reader, writer):
+            try:
+                await server_handshake(reader, writer, server_key)
+                results.append("admitted")
+            except S3Error as e:
+                results.append(e)
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await asyncio.wait_for(client_handshake(reader, writer, client_key), 10)
+            mine: object = "authenticated"
+        except S3Error as e:
+            mine = e
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return mine, results[0] if results else None
+
+    mine, theirs = asyncio.run(attempt(rpc_key, rpc_key))
+    assert (mine, theirs) == ("authenticated", "admitted")
+    mine, _ = asyncio.run(attempt(rpc_key, cluster_key))
+    assert isinstance(mine, S3Error) and mine.code == ErrorCode.AccessDenied and "cluster" in mine.message
