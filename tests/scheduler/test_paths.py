@@ -181,3 +181,12 @@ def test_the_choice_covers_the_request_once_from_live_holders_and_beats_every_si
         assert c.total_s >= nbytes / pool * (1 - 1e-9)
         assert c.link_rates.get(name, 0.0) <= pool * (1 + 1e-9)
     assert c.first_layer_s <= c.total_s * (1 + 1e-9) + 1e-12
+
+
+def test_an_engine_busy_longer_than_either_path_takes_the_emptier_one():
+    links = [LinkView("fast", 10 * GB).with_flow(5 * GB), LinkView("slow", 1 * GB)]
+    sources = [Source("a", UP, 10**6, ("fast",)), Source("b", UP, 10**6, ("slow",))]
+    idle = choose_path(req(), view(sources, links), allow_split=False)
+    busy = choose_path(PathRequest(10, 1e8, 32, engine_busy_s=5.0), view(sources, links), allow_split=False)
+    assert idle.sources == ("a",)  # 0.2 s on the busy fast link beats 1 s on the idle slow one
+    assert busy.sources == ("b",) and busy.ttft_s == pytest.approx(5.0)  # both land before the engine is free
