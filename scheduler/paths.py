@@ -23,7 +23,8 @@ An engine still busy with the requests ahead of this one (``engine_busy_s``)
 needs the bytes only when it gets to it: paths that deliver by then tie, and
 the tie goes to the emptier path, leaving the fast one to requests that need it.
 
-Ties (predictions within ``TIE_RELATIVE``) go to fewer queued bytes, then
+Ties (predictions within ``TIE_RELATIVE``) go to the path whose busiest link
+drains soonest (DualPath's shorter read queue, in time rather than bytes), then
 fewer segments, then the nearer kind of source (local, peer, upstream),
 then the name, so the answer is deterministic.
 """
@@ -106,6 +107,7 @@ class PathChoice:
     link_bytes: Mapping[str, float]  # bytes it will move over each link
     queued_bytes: float  # our in-flight bytes already on its links
     kind: SourceKind  # the farthest kind of source it uses
+    drain_s: float = 0.0  # until its busiest link has carried everything queued there and this request's bytes
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -201,7 +203,9 @@ def _evaluate(request: PathRequest, view: OracleView, parts: list[tuple[Source, 
     busy = request.engine_busy_s  # bytes that land while the engine is still busy cost nothing
     return PathChoice(tuple(segments), first_layer, total,
                       modelled_ttft(max(first_layer, busy), max(total, busy), request.num_layers, request.compute_per_layer_s),
-                      rates, link_bytes, sum(view.links[link].queued_bytes for link in link_bytes), kind)
+                      rates, link_bytes, sum(view.links[link].queued_bytes for link in link_bytes), kind,
+                      max(((view.links[k].queued_bytes + b) / view.links[k].effective_bytes_per_s(stale) for k, b in link_bytes.items()),
+                          default=0.0))
 
 
 def _own_flows(parts: list[tuple[Source, int, int]], link: str) -> int:
@@ -211,4 +215,4 @@ def _own_flows(parts: list[tuple[Source, int, int]], link: str) -> int:
 def _pick(options: list[PathChoice]) -> PathChoice:
     best = min(o.ttft_s for o in options)
     tied = [o for o in options if o.ttft_s <= best * (1 + TIE_RELATIVE) + 1e-12]
-    return min(tied, key=lambda o: (o.queued_bytes, len(o.segments), o.kind, o.sources))
+    return min(tied, key=lambda o: (o.drain_s, len(o.segments), o.kind, o.sources))
