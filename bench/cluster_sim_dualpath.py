@@ -38,7 +38,7 @@ SNIC_BW = 50 * GB
 CNIC_BW = 50 * GB
 TPOT_S = 0.02
 POLICIES = ("single-path", "dualpath", "ours")
-READ_CHUNK_TOKENS = 2048  # the split's granularity
+READ_CHUNK_TOKENS = 8192  # the split's granularity
 ALPHA_S = 3.0  # DualPath's short-read-queue threshold: what a node reads in 3 s
 
 

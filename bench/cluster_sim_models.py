@@ -21,6 +21,7 @@ PREFILL_POINTS = ((0, 0.02), (1024, 0.11), (4096, 0.40), (8192, 0.85), (16384, 1
 DECODE_POINTS = ((1, 0.0122), (16, 0.0126), (32, 0.0131), (64, 0.0142), (128, 0.0170))
 KV_BYTES_PER_TOKEN_70B = 320 * 1024  # Llama-3-70B, FP16, all layers (NetKV §III-B)
 BLOCK_TOKENS = 512  # Mooncake traces' hash_ids blocks
+SAMPLE_TRACE = Path(__file__).parent / "data" / "mooncake_synthetic_trace_sample.jsonl"
 
 
 def prefill_s(tokens: float) -> float:

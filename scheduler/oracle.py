@@ -28,9 +28,12 @@ else arrives meanwhile.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, replace
 from enum import IntEnum
+from functools import cached_property
 
 # Below this fraction of its bandwidth a link is treated as nearly full, not as having none:
 # a prediction must stay finite, and a congested link still drains.
@@ -130,14 +133,31 @@ class LinkView:
 
     def effective_bytes_per_s(self, stale_after_s: float = math.inf) -> float:
         """Capacity left to our flows: (measured or configured) × (1 − background) − reserved, floored."""
+        memo = self.__dict__.setdefault("_effective_memo", {})
+        if stale_after_s not in memo:
+            memo[stale_after_s] = self._effective(stale_after_s)
+        return memo[stale_after_s]
+
+    def _effective(self, stale_after_s: float) -> float:
         fresh = self.age_s <= stale_after_s
         base = self.measured_bytes_per_s if fresh and self.measured_bytes_per_s else self.capacity_bytes_per_s
         background = self.background if fresh else 0.0
         return max(base * (1 - background) - self.reserved_bytes_per_s, base * MIN_FREE_FRACTION)
 
+    @cached_property
+    def _sorted_flows(self) -> tuple[list[float], list[float]]:
+        flows = sorted(self.flows)
+        return flows, list(itertools.accumulate(flows, initial=0.0))
+
+    def ahead_of(self, nbytes: float) -> float:
+        """``Σ min(q_i, nbytes)``: what the flows here take from the link while a new one receives ``nbytes``."""
+        flows, prefix = self._sorted_flows
+        k = bisect.bisect_left(flows, nbytes)
+        return prefix[k] + nbytes * (len(flows) - k)
+
     @property
     def queued_bytes(self) -> float:
-        return float(sum(self.flows))
+        return self._sorted_flows[1][-1]
 
     def with_flow(self, nbytes: float) -> "LinkView":
         return replace(self, flows=(*self.flows, float(nbytes))) if nbytes > 0 else self
@@ -150,7 +170,7 @@ def ps_seconds(link: LinkView, nbytes: float, stale_after_s: float = math.inf, o
     """
     if nbytes <= 0:
         return 0.0
-    ahead = sum(min(q, nbytes) for q in link.flows) + min(others, nbytes)
+    ahead = link.ahead_of(nbytes) + min(others, nbytes)
     return (nbytes + ahead) / link.effective_bytes_per_s(stale_after_s)
 
 

@@ -19,7 +19,12 @@ allocator's reservations is shared fairly among the flows on it, re-shared
 when one joins (``PathChoice.link_rates`` is this request's part at admission),
 so no prediction moves bytes faster than the links' pools allow.
 
-Ties (predictions within ``TIE_RELATIVE``) go to fewer queued bytes, then
+An engine still busy with the requests ahead of this one (``engine_busy_s``)
+needs the bytes only when it gets to it: paths that deliver by then tie, and
+the tie goes to the emptier path, leaving the fast one to requests that need it.
+
+Ties (predictions within ``TIE_RELATIVE``) go to the path whose busiest link
+drains soonest (DualPath's shorter read queue, in time rather than bytes), then
 fewer segments, then the nearer kind of source (local, peer, upstream),
 then the name, so the answer is deterministic.
 """
@@ -63,12 +68,13 @@ class PathRequest:
     num_layers: int
     first_chunk: int = 0  # chunks before this are already in the engine's memory
     compute_per_layer_s: float = 0.0  # the engine's compute window per layer (0: TTFT = delivery)
+    engine_busy_s: float = 0.0  # the engine cannot start on this request sooner (its queue ahead)
 
     def __post_init__(self) -> None:
         if not 0 <= self.first_chunk <= self.num_chunks:
             raise ValueError("first_chunk must be within 0..num_chunks")
-        if self.chunk_bytes < 0 or self.num_layers < 1:
-            raise ValueError("chunk_bytes must be >= 0 and num_layers >= 1")
+        if self.chunk_bytes < 0 or self.num_layers < 1 or self.engine_busy_s < 0:
+            raise ValueError("chunk_bytes and engine_busy_s must be >= 0 and num_layers >= 1")
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class PathChoice:
     link_bytes: Mapping[str, float]  # bytes it will move over each link
     queued_bytes: float  # our in-flight bytes already on its links
     kind: SourceKind  # the farthest kind of source it uses
+    drain_s: float = 0.0  # until its busiest link has carried everything queued there and this request's bytes
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -193,9 +200,12 @@ def _evaluate(request: PathRequest, view: OracleView, parts: list[tuple[Source, 
             for link in source.links:
                 rates[link] = rates.get(link, 0.0) + rate
     kind = max((s.kind for s, _, _ in parts), default=SourceKind.LOCAL)
+    busy = request.engine_busy_s  # bytes that land while the engine is still busy cost nothing
     return PathChoice(tuple(segments), first_layer, total,
-                      modelled_ttft(first_layer, total, request.num_layers, request.compute_per_layer_s),
-                      rates, link_bytes, sum(view.links[link].queued_bytes for link in link_bytes), kind)
+                      modelled_ttft(max(first_layer, busy), max(total, busy), request.num_layers, request.compute_per_layer_s),
+                      rates, link_bytes, sum(view.links[link].queued_bytes for link in link_bytes), kind,
+                      max(((view.links[k].queued_bytes + b) / view.links[k].effective_bytes_per_s(stale) for k, b in link_bytes.items()),
+                          default=0.0))
 
 
 def _own_flows(parts: list[tuple[Source, int, int]], link: str) -> int:
@@ -205,4 +215,4 @@ def _own_flows(parts: list[tuple[Source, int, int]], link: str) -> int:
 def _pick(options: list[PathChoice]) -> PathChoice:
     best = min(o.ttft_s for o in options)
     tied = [o for o in options if o.ttft_s <= best * (1 + TIE_RELATIVE) + 1e-12]
-    return min(tied, key=lambda o: (o.queued_bytes, len(o.segments), o.kind, o.sources))
+    return min(tied, key=lambda o: (o.drain_s, len(o.segments), o.kind, o.sources))

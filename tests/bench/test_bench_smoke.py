@@ -172,3 +172,20 @@ def test_bench_capacity_on_moto(tmp_path):
     assert small["evicted"] > 0 and large["evicted"] == 0
     assert small["upstream_hit_ratio"] > 0  # evicted hits come back from the upstream
     assert trace["file"] == "bench/data/mooncake_synthetic_trace_sample.jsonl"
+
+
+def test_bench_cluster_sim(tmp_path):
+    result = run_bench("cluster-sim", tmp_path=tmp_path)
+    for field in ("netkv_vs_round_robin", "netkv_vs_cache_load", "dualpath_throughput_ratio", "ours_vs_best_baseline"):
+        assert math.isfinite(result[field]), field
+    assert result["static_tier_share"] is None or math.isfinite(result["static_tier_share"])
+    (cell,) = result["netkv"]
+    assert set(cell["policies"]) == {"round-robin", "load-aware", "cache-aware", "cache+load-aware", "netkv-static", "netkv-full",
+                                     "dualpath", "ours"}
+    for p in cell["policies"].values():
+        assert p["requests"] > 0 and 0 < p["p50_ttft_s"] <= p["p99_ttft_s"] and 0 <= p["slo_attainment"] <= 1
+        assert set(p["tier_utilisation"]) == {"same_host", "same_rack", "same_zone", "cross_zone"}
+    (dp,) = result["dualpath"]
+    assert set(dp["policies"]) == {"single-path", "dualpath", "ours"}
+    assert dp["policies"]["single-path"]["throughput_vs_single_path"] == 1
+    assert result["trace"] == "bench/data/mooncake_synthetic_trace_sample.jsonl"

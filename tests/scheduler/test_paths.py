@@ -181,3 +181,15 @@ def test_the_choice_covers_the_request_once_from_live_holders_and_beats_every_si
         assert c.total_s >= nbytes / pool * (1 - 1e-9)
         assert c.link_rates.get(name, 0.0) <= pool * (1 + 1e-9)
     assert c.first_layer_s <= c.total_s * (1 + 1e-9) + 1e-12
+
+
+def test_an_engine_busy_longer_than_either_path_takes_the_one_that_drains_first():
+    links = [LinkView("fast", 10 * GB).with_flow(20 * GB), LinkView("slow", 2.5 * GB)]
+    sources = [Source("a", UP, 10**6, ("fast",)), Source("b", UP, 10**6, ("slow",))]
+    idle = choose_path(req(), view(sources, links), allow_split=False)
+    busy = choose_path(PathRequest(10, 1e8, 32, engine_busy_s=5.0), view(sources, links), allow_split=False)
+    assert idle.sources == ("a",)  # its fair share of the fast link (0.2 s) beats the idle slow one (0.4 s)
+    # Both land before the engine is free: the tie goes to the link that empties first (0.4 s, not 2.1 s),
+    # leaving the fast one's queue alone.
+    assert busy.sources == ("b",) and busy.ttft_s == pytest.approx(5.0)
+    assert busy.drain_s == pytest.approx(0.4) and idle.drain_s == pytest.approx(2.1)
