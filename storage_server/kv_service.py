@@ -150,7 +150,7 @@ class KVService:
             if r.verbs is None:
                 raise S3Error(ErrorCode.InvalidArgument, "the pyverbs engine needs the client's queue pair (verbs)", extra={"ArgumentName": "verbs"})
             if self._verbs is None:
-                self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device))
+                self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device), self.config.storage_server.rdma_timeout_s)
             link, server_end = self._verbs.connect(r.verbs, r.addr, r.size)
         else:
             if self._nixl is None:
