@@ -243,9 +243,10 @@ class ObjectCacheClient:
         reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
-    async def _register_rdma(self, metadata: bytes, addr: int, size: int) -> tuple[bytes, bytes]:
-        """Tell the storage server about memory registered with this process's NIXL agent."""
-        reply = await self._register_verbs(RdmaRegisterRequest("nixl", addr, size, agent=base64.b64encode(metadata).decode()))
+    async def _register_rdma(self, metadata: bytes, addr: int, size: int, proof: bytes) -> tuple[bytes, bytes]:
+        """Tell the storage server about memory registered with this process's NIXL agent (``proof``: its first bytes)."""
+        reply = await self._register_verbs(RdmaRegisterRequest("nixl", addr, size, agent=base64.b64encode(metadata).decode(),
+                                                               proof=proof.hex()))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
 
     async def _register_verbs(self, body: RdmaRegisterRequest) -> RegisterReply:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from protocol.kv_http import proof_bytes
 from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
@@ -69,8 +70,9 @@ class RdmaBuffer:
     user: bool = field(default=False)  # the caller's memory (``out``): used only when passed again
 
 
-# Tells the server about a registered buffer: (agent metadata, address, size) -> (region id, token).
-Register = Callable[[bytes, int, int], Awaitable[tuple[bytes, bytes]]]
+# Tells the server about a registered buffer: (agent metadata, address, size, the proof written at its start)
+# -> (region id, token).
+Register = Callable[[bytes, int, int, bytes], Awaitable[tuple[bytes, bytes]]]
 
 
 class RdmaDestinations(BufferDestinations):
@@ -99,8 +101,10 @@ class RdmaDestinations(BufferDestinations):
                     self._engine = NixlClient()
                 buf = mine if mine is not None else np.empty(max(payload_bytes, MIN_BUFFER), np.uint8)
                 handle = self._engine.register(buf)
+                proof = secrets.token_bytes(proof_bytes(buf.nbytes))
+                buf[: len(proof)] = np.frombuffer(proof, np.uint8)  # the server reads it back through our agent
                 try:
-                    region_id, token = await self._register(self._engine.metadata(), buf.ctypes.data, buf.nbytes)
+                    region_id, token = await self._register(self._engine.metadata(), buf.ctypes.data, buf.nbytes, proof)
                 except BaseException:
                     self._engine.deregister(handle)
                     raise

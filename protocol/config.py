@@ -320,7 +320,8 @@ class StorageServerConfig(Section):
     # Longest one RDMA write into a client's memory may take (one piece of at most 8 MiB, or a
     # chunkwise payload of at most http_staging_bytes): a client that never completes it (gone,
     # or metadata pointing at something that never answers) costs its transfer this long, then
-    # the transfer fails 503 and the region must be registered again.
+    # the transfer fails 503 and the region must be registered again. Also bounds the READ of a
+    # nixl registration's proof (metadata that leads nowhere is refused after this long).
     rdma_timeout_s: float = 30.0
 
     def validate(self) -> None:

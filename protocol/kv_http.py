@@ -130,6 +130,7 @@ class RegisterTicket(JsonRecord):
 MAX_RDMA_REGION_BYTES = 1 << 46  # one kv-register-rdma region
 ADDRESS_LIMIT = 1 << 64  # [addr, addr+size) must be 64-bit addresses
 DEVICE_LIMIT = 1 << 32  # an engine's device id (NIXL's for host memory is 0)
+PROOF_BYTES = 16  # what a nixl registration proves it holds (fewer for a smaller region)
 QPN_LIMIT = 1 << 24  # verbs QP numbers and PSNs are 24-bit
 GID_BYTES = 16
 
@@ -175,6 +176,10 @@ class RdmaRegisterRequest(JsonRecord):
     agent: str = ""
     device: int = 0
     verbs: VerbsPeer | None = None
+    # nixl: hex of the first proof_bytes(size) bytes the client wrote at addr before registering; the
+    # server READs them through the agent the metadata describes, so metadata that does not lead to
+    # this client's memory (another port, another process) is refused before anything is written.
+    proof: str = ""
 
     def check(self) -> "RdmaRegisterRequest":
         """Refuse what no engine could address (InvalidArgument naming the field): a range beyond 64-bit
@@ -189,6 +194,11 @@ class RdmaRegisterRequest(JsonRecord):
         if self.verbs is not None:
             self.verbs.check()
         return self
+
+
+def proof_bytes(size: int) -> int:
+    """How many leading bytes of a nixl registration's memory its ``proof`` carries."""
+    return min(PROOF_BYTES, size)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field
+from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.verbs import VerbsDevice
@@ -152,7 +152,7 @@ class KVService:
             if r.verbs is None:
                 raise S3Error(ErrorCode.InvalidArgument, "the pyverbs engine needs the client's queue pair (verbs)", extra={"ArgumentName": "verbs"})
             if self._verbs is None:
-                self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device))
+                self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device), self.config.storage_server.rdma_timeout_s)
             link, server_end = self._verbs.connect(r.verbs, r.addr, r.size)
         else:
             if self._nixl is None:
@@ -161,7 +161,13 @@ class KVService:
                 metadata = base64.b64decode(r.agent, validate=True)
             except ValueError:
                 raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
-            link = NixlLink(self._nixl, self._nixl.add_client(metadata, call.field("tenant")), r.addr, r.size, r.device)
+            name = self._nixl.add_client(metadata, call.field("tenant"))
+            try:
+                await self._nixl.verify(name, r.addr, r.device, hex_field("proof", r.proof, proof_bytes(r.size)))
+            except BaseException:
+                self._nixl.forget(name)
+                raise
+            link = NixlLink(self._nixl, name, r.addr, r.size, r.device)
         tenant = call.field("tenant")
         try:
             region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)

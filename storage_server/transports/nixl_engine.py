@@ -13,6 +13,7 @@ agent's name belongs to the tenant that registered it first, until it is forgott
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
@@ -75,6 +76,26 @@ class NixlEngine:
         known.links += 1
         return name
 
+    async def verify(self, name: bytes, addr: int, device: int, proof: bytes) -> None:
+        """READ ``len(proof)`` bytes at ``addr`` through agent ``name`` and compare: metadata whose connection leads
+        anywhere but to the registering client's memory (a rewritten port, another process) is refused here,
+        before any write, within ``timeout_s``."""
+        buf = np.zeros(len(proof), np.uint8)
+        reg = self.register(buf)
+        try:
+            await self._xfer("READ", buf.ctypes.data, len(proof), name, addr, device)
+        except TimeoutError:
+            raise S3Error(ErrorCode.InvalidArgument, f"the NIXL agent the metadata describes did not answer within {self.timeout_s:g} s "
+                          "(storage_server.rdma_timeout_s): is it this client's?", extra={"ArgumentName": "agent"}) from None
+        except Exception as e:
+            raise S3Error(ErrorCode.InvalidArgument, f"the memory could not be read through the NIXL agent the metadata describes "
+                          f"({e.__class__.__name__})", extra={"ArgumentName": "agent"}) from None
+        finally:
+            self.deregister(reg)
+        if not hmac.compare_digest(buf.tobytes(), proof):
+            raise S3Error(ErrorCode.InvalidArgument, "the registered memory does not hold the proof: the NIXL agent metadata is not "
+                          "this client's, or addr is not its registered memory", extra={"ArgumentName": "proof"})
+
     def forget(self, name: bytes) -> None:
         """One region link of agent ``name`` is gone; the last one forgets the agent (and its connection)."""
         known = self.known.get(name)
@@ -94,16 +115,19 @@ class NixlEngine:
     async def write(self, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int) -> None:
         """WRITE ``nbytes`` from local registered memory to the client's, and wait until it has landed, at most
         ``timeout_s`` (TimeoutError: the write is cancelled, its link should not be used again)."""
+        await self._xfer("WRITE", local_addr, nbytes, agent, remote_addr, device)
+
+    async def _xfer(self, op: str, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int) -> None:
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
         remote = self.agent.get_xfer_descs([(remote_addr, nbytes, device)], "DRAM")
-        handle = self.agent.initialize_xfer("WRITE", local, remote, agent, b"")
+        handle = self.agent.initialize_xfer(op, local, remote, agent, b"")
         deadline = time.monotonic() + self.timeout_s
         state = ""
         try:
             state = self.agent.transfer(handle)
             while state != "DONE":
                 if state == "ERR":
-                    raise S3Error(ErrorCode.ServiceUnavailable, "an RDMA write to the client failed (did the client go away?)")
+                    raise S3Error(ErrorCode.ServiceUnavailable, f"an RDMA {op.lower()} of the client's memory failed (did the client go away?)")
                 if time.monotonic() > deadline:
                     raise TimeoutError
                 await asyncio.sleep(0 if state == "PROC" else POLL_S)
@@ -115,7 +139,7 @@ class NixlEngine:
                 if state == "DONE":
                     raise
                 # NIXL keeps a handle it cannot cancel; the write's own failure is the one to report.
-                log.warning("an RDMA write to agent %r could not be cancelled", agent)
+                log.warning("an RDMA %s with agent %r could not be cancelled", op, agent)
 
 
 class NixlLink:

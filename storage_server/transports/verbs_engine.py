@@ -121,8 +121,11 @@ class VerbsConnection:
 class VerbsEngine:
     """One device, one completion queue, the registrations' queue pairs."""
 
-    def __init__(self, device: VerbsDevice) -> None:
+    def __init__(self, device: VerbsDevice, timeout_s: float = 30.0) -> None:
         self.device = device
+        # A peer that never completes (an RNR loop on a WRITE_WITH_IMM it never posts receives for: rnr_retry 7
+        # retries forever) must not hold a transfer: past this its queue pair is failed.
+        self.timeout_s = timeout_s
         self.cq = device.create_cq(CQ_DEPTH)
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[asyncio.Future, VerbsConnection]] = {}
@@ -150,22 +153,27 @@ class VerbsEngine:
         loop = asyncio.get_running_loop()
         pending: list[asyncio.Future] = []
         try:
-            for sges, remote_addr, imm in posts:
-                if len(pending) >= SEND_DEPTH:
-                    await pending.pop(0)
-                wr_id = next(self._ids)
-                fut = loop.create_future()
-                self._waiting[wr_id] = (fut, conn)
-                try:
-                    self.device.post_write(conn.link.qp, wr_id, sges, remote_addr, conn.rkey, imm)
-                except Exception as e:
-                    del self._waiting[wr_id]
-                    conn.link.fail()
-                    raise S3Error(ErrorCode.ServiceUnavailable, f"posting an RDMA write failed ({type(e).__name__}: {e})") from None
-                pending.append(fut)
-                self._ensure_poller()
-            for fut in pending:
-                await fut
+            async with asyncio.timeout(self.timeout_s):
+                for sges, remote_addr, imm in posts:
+                    if len(pending) >= SEND_DEPTH:
+                        await pending.pop(0)
+                    wr_id = next(self._ids)
+                    fut = loop.create_future()
+                    self._waiting[wr_id] = (fut, conn)
+                    try:
+                        self.device.post_write(conn.link.qp, wr_id, sges, remote_addr, conn.rkey, imm)
+                    except Exception as e:
+                        del self._waiting[wr_id]
+                        conn.link.fail()
+                        raise S3Error(ErrorCode.ServiceUnavailable, f"posting an RDMA write failed ({type(e).__name__}: {e})") from None
+                    pending.append(fut)
+                    self._ensure_poller()
+                for fut in pending:
+                    await fut
+        except TimeoutError:
+            conn.link.fail()  # its outstanding requests are flushed; the region must be registered again
+            raise S3Error(ErrorCode.ServiceUnavailable, f"an RDMA write to the client did not complete within {self.timeout_s:g} s "
+                          "(storage_server.rdma_timeout_s); register the memory again") from None
         finally:
             for fut in pending:  # the transfer was cancelled or failed: stop caring about the rest
                 fut.cancel()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 
 import numpy as np
@@ -28,6 +29,8 @@ class Agent:
     def __init__(self) -> None:
         self.nixl = NixlClient()
         self.buf = np.zeros(1 << 16, np.uint8)
+        self.proof = secrets.token_bytes(16)
+        self.buf[:16] = np.frombuffer(self.proof, np.uint8)  # read back by the server at registration
         self.handle = self.nixl.register(self.buf)
         self.metadata = self.nixl.metadata()
         self.name = self.nixl.agent.name.encode()
@@ -35,7 +38,7 @@ class Agent:
     def body(self, name: bytes | None = None) -> bytes:
         md = self.metadata if name is None else self.metadata.replace(self.name, name)
         return json.dumps({"engine": "nixl", "agent": base64.b64encode(md).decode(), "addr": self.buf.ctypes.data,
-                           "size": self.buf.nbytes}).encode()
+                           "size": self.buf.nbytes, "proof": self.proof.hex()}).encode()
 
     def renamed(self, i: int) -> bytes:
         tail = b"%08d" % i

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.skipif(not rdma_available()[0], reason=f"rdma transport
 def agent():
     nixl = NixlClient()
     buf = np.zeros(1 << 16, np.uint8)
+    buf[:16] = np.frombuffer(b"proof of memory!", np.uint8)
     handle = nixl.register(buf)
-    yield {"engine": "nixl", "agent": base64.b64encode(nixl.metadata()).decode(), "addr": buf.ctypes.data, "size": buf.nbytes}
+    yield {"engine": "nixl", "agent": base64.b64encode(nixl.metadata()).decode(), "addr": buf.ctypes.data, "size": buf.nbytes,
+           "proof": b"proof of memory!".hex()}
     nixl.deregister(handle)
 
 
