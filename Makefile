@@ -17,7 +17,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 AWS_STAMP := $(AWS_VENV)/.installed
 
-.PHONY: serve test bench lint clean venv aws rclone s3cmd
+.PHONY: serve test bench lint clean venv aws rclone s3cmd install
 
 venv: $(STAMP)
 aws: $(AWS_STAMP)
@@ -82,6 +82,11 @@ test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd
 
 bench: $(BENCH_STAMP)
 	$(BIN)/objectcache bench $(ARGS)
+
+# The layout deploy/systemd's units expect (/opt/objectcache/.venv, /etc/objectcache, the units, the
+# objectcache user), as root; DESTDIR=... stages it under another root. See deploy/install.sh.
+install:
+	DESTDIR="$(DESTDIR)" PYTHON="$(PYTHON)" sh deploy/install.sh
 
 # Lint (ruff's rules are in pyproject.toml); ruff is a dev tool, installed here rather than in an extra.
 lint: $(STAMP)

@@ -43,9 +43,10 @@ def _listen_error(host: str, port: int, e: OSError) -> CannotStart:
     return CannotStart(f"cannot listen on {host}:{port} ({e.strerror or e})")
 
 
-def _load(args: argparse.Namespace) -> Config:
+def _load(args: argparse.Namespace, env: dict[str, str] | None = None) -> Config:
     return load_config(
         getattr(args, "config", None),
+        env,
         gateway__host=getattr(args, "host", None),
         gateway__port=getattr(args, "port", None),
         store__data_dir=getattr(args, "data_dir", None),
@@ -246,7 +247,8 @@ def cmd_bench(args: argparse.Namespace, cfg: Config) -> int:
     return bench_main(args.bench_args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (deployment files' commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="objectcache", description="S3-compatible object storage for LLM prefix KV cache")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the gateway and the storage server on the local-disk store")
@@ -263,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="run a benchmark (see README: Benchmarks)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     # bench's arguments are its own, --help included (REMAINDER does not take an option in first place).
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":

@@ -95,6 +95,7 @@ NOT_RUN = {
     ("The rdma transport", 0): "a fragment inside a running client; tests/client_sdk/test_kv_rdma.py",
     ("Bandwidth scheduling", 0): "a fragment of the scheduler's API; tests/scheduler/test_policies.py",
     ("Running it as a service", 0): "the commands' synopsis; tests/objectcache/test_cli.py",
+    ("Operating it", 0): "installs system-wide as root; tests/objectcache/test_install.py runs `make install DESTDIR=...`",
     ("Scaling out", 0): "a diagram",
     ("Scaling out", 1): "loaded through the real config loader below",
 }
