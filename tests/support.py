@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +44,10 @@ def write_config(path: Path, data_dir: Path, tenants: list[TenantKeys], extra: s
 class ServerProcess:
     """``objectcache serve`` (or one part) as a child process on a free port."""
 
-    def __init__(self, config: Path, command: str = "serve", env: dict[str, str] | None = None) -> None:
-        self.config, self.command = config, command
+    def __init__(self, config: Path, command: str = "serve", env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        """``preexec_fn`` runs in the child before it starts (e.g. to lower its resource limits)."""
+        self.config, self.command, self.preexec_fn = config, command, preexec_fn
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.endpoint = ""
@@ -57,7 +59,7 @@ class ServerProcess:
         if self.command != "storage-server":
             argv += ["--port", str(port)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env, cwd=REPO,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=self.preexec_fn)
         assert self.proc.stdout is not None
         ready = "Press Ctrl-C" if self.command == "serve" else "READY"
         for line in self.proc.stdout:

@@ -4,6 +4,7 @@ clients are served throughout."""
 
 from __future__ import annotations
 
+import resource
 import socket
 import time
 from urllib.parse import urlsplit
@@ -79,25 +80,83 @@ def test_a_body_that_falls_silent_gets_request_timeout_and_nothing_is_stored(gua
         s3.head_object(Bucket="guarded", Key="half")
 
 
-def test_connections_beyond_the_cap_are_refused_with_503_and_service_resumes(guarded):
-    proc, _, s3 = guarded
-    held = [connect(proc.endpoint) for _ in range(MAX_CONNECTIONS)]
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A gateway capped at MAX_CONNECTIONS whose idle connections stay open (30 s), so held slots stay held."""
+    root = tmp_path_factory.mktemp("capped")
+    tenant = make_tenants("t")[0]
+    config = write_config(root / "c.toml", root / "data", [tenant], extra=(
+        f'\n[gateway]\nheader_timeout_s = 30\nmax_connections = {MAX_CONNECTIONS}\n'
+        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n'))
+    proc = ServerProcess(config).start()
+    s3 = boto_client(proc.endpoint, tenant)
+    s3.create_bucket(Bucket="capped")
+    s3.close()  # its keep-alive connection would hold a slot
+    yield proc, tenant
+    proc.stop()
+
+
+def served(sock: socket.socket) -> None:
+    """One keep-alive request answered on ``sock``: the server has accepted it and holds its slot."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    f = sock.makefile("rb")
+    assert f.readline().startswith(b"HTTP/1.1 200")
+    length = 0
+    while (line := f.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    f.read(length)
+
+
+def hold_and_probe(endpoint: str, n: int) -> tuple[list[socket.socket], bytes]:
+    """``n`` connections, each shown accepted by an answered request, then what one more gets until closed."""
+    held = []
+    for _ in range(n):
+        held.append(connect(endpoint))
+        served(held[-1])
+    extra = connect(endpoint)
     try:
-        time.sleep(0.2)  # let the server accept them all
-        extra = connect(proc.endpoint)
-        answer = closed_by_server(extra)
+        return held, closed_by_server(extra)
+    finally:
         extra.close()
+
+
+def test_connections_beyond_the_cap_are_refused_with_503_and_service_resumes(capped):
+    proc, tenant = capped
+    held, answer = hold_and_probe(proc.endpoint, MAX_CONNECTIONS)  # all MAX_CONNECTIONS served: the cap is not lower
+    try:
         assert answer.startswith(b"HTTP/1.1 503") and b"ServiceUnavailable" in answer
     finally:
         for s in held:
             s.close()
+    s3 = boto_client(proc.endpoint, tenant)
     deadline = time.monotonic() + 15
-    while True:  # the held slots are freed as the server notices the closed sockets
+    while True:  # bounded polling: the held slots are freed as the server notices the closed sockets
         try:
-            s3.put_object(Bucket="guarded", Key="after-cap", Body=b"ok")
+            s3.put_object(Bucket="capped", Key="after-cap", Body=b"ok")
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    assert s3.get_object(Bucket="guarded", Key="after-cap")["Body"].read() == b"ok"
+    assert s3.get_object(Bucket="capped", Key="after-cap")["Body"].read() == b"ok"
+
+
+def test_the_cap_is_at_most_half_the_fd_limit(tmp_path):
+    """max_connections 4096 under a file-descriptor limit of 64: the gateway serves 32 connections and refuses the 33rd."""
+    fd_limit = 64
+
+    def lower_fd_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    tenant = make_tenants("t")[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[gateway]\nheader_timeout_s = 30\nmax_connections = 4096\n\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\n'))
+    proc = ServerProcess(config, preexec_fn=lower_fd_limit).start()
+    try:
+        held, answer = hold_and_probe(proc.endpoint, fd_limit // 2)
+        for s in held:
+            s.close()
+        assert answer.startswith(b"HTTP/1.1 503") and b"ServiceUnavailable" in answer, answer[:200]
+    finally:
+        proc.stop()

@@ -140,7 +140,7 @@ class UploadOps:
         d = Digester(set(spec.checksum_algorithms) | set(upload.spec.checksum_algorithms) | set(spec.expected_checksums))
         cutter = PartCutter(body, self.cfg.part_bytes, d)
         data = await cutter.next() or b""
-        if not cutter.exhausted:
+        if not cutter.exhausted or d.size > self.cfg.part_bytes:  # a part is cut at piece boundaries: it may run past
             raise S3Error(ErrorCode.EntityTooLarge, f"Parts larger than {self.cfg.part_bytes} bytes are not accepted by this gateway.")
         verify_received(spec, d)
         alg = _algorithm(upload.spec)

@@ -78,7 +78,8 @@ class Upstream:
         cfg = self.cfg
         config = AioConfig(
             max_pool_connections=cfg.max_connections,
-            retries={"mode": "standard", "max_attempts": cfg.max_attempts},
+            # botocore's "max_attempts" counts retries (one more request in all); the setting means attempts.
+            retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
             connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.read_timeout_s,
             # A private endpoint (MinIO, SeaweedFS, Ceph) is addressed by path; AWS by host name.
             s3={"addressing_style": "path" if cfg.endpoint_url else "auto"},
