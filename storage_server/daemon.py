@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from protocol.config import Config
 from protocol.rpc import Op
@@ -26,6 +27,9 @@ from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
 from .upload_expiry import UploadSweep
+
+if TYPE_CHECKING:
+    from .cluster import ClusterNode
 
 log = logging.getLogger("objectcache.storage_server")
 
@@ -156,7 +160,7 @@ class StorageServer:
         await self.store.close()
 
 
-def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint):  # -> ClusterNode | None
+def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint) -> "ClusterNode | None":
     """The cluster membership of this node when ``cluster.node_id`` is set (the config refuses it without the s3 backend)."""
     if not config.cluster.enabled:
         return None

@@ -73,17 +73,17 @@ class PeerFetcher:
         return out
 
     async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
-                   cache: S3ChunkSource) -> Filled:
+                   cache: S3ChunkSource, filled: Filled) -> None:
         peers = self.members.live()
-        filled = Filled()
         if not peers or not wanted:
-            return filled
+            return
         keys = [k for k, _ in wanted]
         grant = PeerGrant.issue(self.key, tenant=pin_for.tenant, bucket=bucket, bucket_id=bucket_id, keys=keys,
                                 request_id=pin_for.request_id, issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
         call = PeerCall(bucket, bucket_id, keys, grant)
         self.tally.lookups += 1
-        ranked = rank_peers(self.me, await self._ask(peers, call))
+        answers = await self._ask(peers, call)
+        ranked = rank_peers(self.me, answers)
         have = [False] * len(wanted)
         failed: set[str] = set()
         for cand in ranked:
@@ -91,13 +91,13 @@ class PeerFetcher:
             if todo and not await self._runs_from(cand.peer, call, todo, wanted, have, pin_for, cache, filled, fill=False):
                 failed.add(cand.peer.node_id)
         rest = [i for i in range(len(wanted)) if not have[i]]
-        helpers = cold_helpers(self.me, peers, self.cfg.cold_split_peers, failed) if rest else []
+        answered = [a.peer for a in answers]  # a peer that did not answer the lookup in time is not given a share either
+        helpers = cold_helpers(self.me, answered, self.cfg.cold_split_peers, failed) if rest else []
         if helpers:
             own, *theirs = shares(rest, len(helpers) + 1)
             await asyncio.gather(self._own_share(bucket, own, wanted, have, cache, filled),
                                  *(self._runs_from(p, call, share, wanted, have, pin_for, cache, filled, fill=True)
                                    for p, share in zip(helpers, theirs) if share))
-        return filled
 
     async def _runs_from(self, peer: NodeInfo, call: PeerCall, todo: list[int], wanted: list[tuple[str, str]], have: list[bool],
                          pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool) -> bool:

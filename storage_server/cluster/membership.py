@@ -65,11 +65,16 @@ class Membership:
         if self.up is None or not self.cfg.registry_bucket:
             return
         try:
-            await self.up.call("create_bucket", Bucket=self.cfg.registry_bucket, resource=f"/{self.cfg.registry_bucket}")
-        except S3Error as e:
-            if e.code not in (ErrorCode.BucketAlreadyOwnedByYou, ErrorCode.BucketAlreadyExists):
-                raise
-        await self.round()
+            try:
+                await self.up.call("create_bucket", Bucket=self.cfg.registry_bucket, resource=f"/{self.cfg.registry_bucket}")
+            except S3Error as e:
+                if e.code not in (ErrorCode.BucketAlreadyOwnedByYou, ErrorCode.BucketAlreadyExists):
+                    raise
+            await self.round()
+        except S3Error as e:  # an upstream outage must not keep the node from serving: the heartbeat rounds retry
+            self.errors += 1
+            log.warning("cluster: cannot reach the registry bucket %r yet (%s); retrying every %g s",
+                        self.cfg.registry_bucket, e.message, self.cfg.heartbeat_s)
 
     async def run(self) -> None:
         while True:

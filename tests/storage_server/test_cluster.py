@@ -67,7 +67,11 @@ def test_a_prefix_warm_only_on_b_is_fetched_through_a_from_b_with_no_upstream_ge
     boto_client(a.endpoint, people["alice"]).create_bucket(Bucket=bucket)
     n = 40
     keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=7)
-    run(_put(b, people["alice"], bucket, keys, chunks))  # written through B's cache: warm on B only
+    boto = boto_client(a.endpoint, people["alice"])
+    for k, ch in zip(keys, chunks):  # put through A (plain S3 PUTs: no cache keeps a copy)
+        boto.put_object(Bucket=bucket, Key=k, Body=ch.tobytes())
+    _, stats = run(_fetch(b, people["alice"], bucket, keys, transport))  # now warm on B only (B had no peer to ask)
+    assert stats.server.paths == {"upstream": n * CHUNK}
     served = status(b)["cluster"]["served"]["bytes"]
     before = len(moto.requests())
     payload, stats = run(_fetch(a, people["alice"], bucket, keys, transport))

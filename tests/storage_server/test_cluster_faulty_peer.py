@@ -110,3 +110,23 @@ def test_a_misbehaving_peer_never_corrupts_a_kv_get_or_the_cache(node_and_liar, 
     payload, stats = run(fetch())  # what A's cache kept is the upstream's bytes
     assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"local": n * CHUNK}
     assert status(a)["cluster"]["failovers"] >= 1
+
+
+class _Unreachable:
+    """An upstream nobody listens on."""
+
+    def __init__(self) -> None:
+        self.endpoint = f"http://127.0.0.1:{free_port()}"
+
+    def config(self) -> str:
+        return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "x"\nsecret_key = "y"\n'
+                "max_attempts = 1\nconnect_timeout_s = 0.5\nread_timeout_s = 1\n")
+
+
+def test_a_node_whose_upstream_registry_is_down_at_start_still_starts_and_keeps_trying(tmp_path):
+    node = start_node(tmp_path, "lonely", _Unreachable(), make_tenants("t"), cluster_key())
+    try:
+        errors = status(node)["cluster"]
+        assert errors["live_peers"] == [] and errors["node"]["node_id"] == "lonely"
+    finally:
+        node.stop()

@@ -82,8 +82,9 @@ class Filled:
 
 class SecondSource(Protocol):
     async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
-                   cache: "S3ChunkSource") -> Filled:
-        """Fetch what it can of ``wanted`` ((key, chunk id), in prefix order) through ``cache``; never raises for a failed path."""
+                   cache: "S3ChunkSource", filled: Filled) -> None:
+        """Fetch what it can of ``wanted`` ((key, chunk id), in prefix order) through ``cache``, recording in ``filled``
+        as it goes (so a pin that fails or is cancelled meanwhile unpins what it brought); never raises for a failed path."""
 
 
 class S3ChunkSource(ChunkSource):
@@ -284,8 +285,10 @@ class S3ChunkSource(ChunkSource):
             hit_set = set(hits)
             missing = [(i, k, c) for i, (k, c) in enumerate(zip(keys, cids)) if c not in hit_set]
             if missing and self.second is not None and pin_for is not None:
-                filled = await self.second.fill(bucket, self._bucket_ids[bucket], [(k, c) for _, k, c in missing], pin_for, self)
-                pinned += filled.pinned
+                try:
+                    await self.second.fill(bucket, self._bucket_ids[bucket], [(k, c) for _, k, c in missing], pin_for, self, filled)
+                finally:
+                    pinned += filled.pinned
                 got = set(filled.pinned)
                 missing = [m for m in missing if m[2] not in got]
             gate = asyncio.Semaphore(self.concurrency)
