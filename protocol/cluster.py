@@ -10,8 +10,10 @@ the asking node signed for one tenant's kv-get:
   (never asking the upstream): :class:`PeerLookupReply`.
 * ``peer-fetch`` — the chunks ``keys[start:start+count]`` of the granted list, whole, in
   order (with ``fill``, fetching those it does not hold from the upstream through its cache first): the reply line (:class:`PeerFetchAccepted`), then per chunk a :data:`CHUNK_HEAD`
-  (index in the granted list, size, CRC32C) and its bytes, ending at the first chunk the
-  node does not hold (a head with size :data:`NOT_HELD`) or after the last.
+  (index in the granted list, size, CRC32C, length of the version), the chunk's upstream
+  version (its ETag as the cache names it, so the asking node's cache can revalidate the copy
+  like one it fetched itself) and its bytes, ending at the first chunk the node does not hold
+  (a head with size :data:`NOT_HELD`) or after the last.
 
 Membership: each node writes a :class:`Heartbeat` record under ObjectCache's reserved
 prefix in the upstream (``.objectcache/cluster/nodes/<node_id>.json`` in the registry
@@ -29,8 +31,10 @@ from .config import NODE_ID
 from .errors import ErrorCode, S3Error
 
 NODES_PREFIX = ".objectcache/cluster/nodes/"  # under the reserved prefix: tenants can neither list nor write it
-# One chunk of a peer-fetch stream: index in the granted key list, size (NOT_HELD: stop), CRC32C of the bytes.
-CHUNK_HEAD = struct.Struct(">IQI")
+# One chunk of a peer-fetch stream: index in the granted key list, size (NOT_HELD: stop), CRC32C of the bytes,
+# length of the version tag that follows the head (at most MAX_VERSION_BYTES; 0: unknown).
+CHUNK_HEAD = struct.Struct(">IQIB")
+MAX_VERSION_BYTES = 80
 NOT_HELD = (1 << 64) - 1
 
 

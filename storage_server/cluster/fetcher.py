@@ -138,12 +138,12 @@ class PeerFetcher:
         loop = asyncio.get_running_loop()
         started = loop.time()
 
-        async def land(index: int, data: bytes) -> None:
+        async def land(index: int, data: bytes, version: str) -> None:
             cid = wanted[index][1]
             if have[index] or not cache.claim(cid):  # another request is fetching it (or it arrived meanwhile)
                 return
             try:
-                if await cache.store_fetched(cid, data):
+                if await cache.store_fetched(cid, data, version):
                     have[index] = True
                     filled.pinned.append(cid)
                     filled.paths[path] = filled.paths.get(path, 0) + len(data)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from awscrt import checksums as crt
 
-from protocol.cluster import CHUNK_HEAD, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
+from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import sign_call
 from protocol.data_ticket import DirectGrant
 from protocol.errors import S3Error
@@ -22,7 +22,8 @@ from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
 from protocol.wire import encode_keys
 
 # Told each chunk as it arrives (its index in the granted list and its bytes).
-OnChunk = Callable[[int, bytes], Awaitable[None]]
+# A checked chunk: its index in the granted list, its bytes and the upstream version the peer's copy holds ("": unknown).
+OnChunk = Callable[[int, bytes, str], Awaitable[None]]
 
 
 class PeerFault(Exception):
@@ -102,9 +103,12 @@ class PeerClient:
             PeerFetchAccepted.from_json(reply)
             while got < want.count:
                 head = await asyncio.wait_for(reader.readexactly(CHUNK_HEAD.size), self.timeout_s)
-                index, size, crc = CHUNK_HEAD.unpack(head)
+                index, size, crc, version_len = CHUNK_HEAD.unpack(head)
                 if size == NOT_HELD:
                     break
+                if version_len > MAX_VERSION_BYTES:
+                    raise PeerFault(f"{peer.node_id} sent a {version_len}-byte version tag")
+                version = (await asyncio.wait_for(reader.readexactly(version_len), self.timeout_s)).decode("ascii", "replace")
                 if index != want.start + got:
                     raise PeerFault(f"{peer.node_id} sent chunk {index} where {want.start + got} was due")
                 if size != chunk_bytes:
@@ -112,7 +116,7 @@ class PeerClient:
                 data = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
                 if crt.crc32c(data) != crc:
                     raise PeerFault(f"{peer.node_id} sent chunk {index} failing its CRC32C")
-                await on_chunk(index, data)
+                await on_chunk(index, data, version)
                 got += 1
             return got
         except S3Error as e:

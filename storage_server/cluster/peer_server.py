@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from awscrt import checksums as crt
 
-from protocol.cluster import CHUNK_HEAD, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
+from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
 from protocol.config import ClusterConfig
 from protocol.errors import ErrorCode, S3Error
@@ -113,10 +113,12 @@ class PeerServer:
         chunks = self._filled(grant, keys, want) if want.fill else self._cached(grant.bucket_id, keys, want)
         async for index, data in chunks:
             if data is None:
-                writer.write(CHUNK_HEAD.pack(index, NOT_HELD, 0))
+                writer.write(CHUNK_HEAD.pack(index, NOT_HELD, 0, 0))
                 break
             await self.pace.take(len(data))
-            writer.write(CHUNK_HEAD.pack(index, len(data), crt.crc32c(data)) + data)
+            cid = self.chunks.cached_size(grant.bucket_id, keys[index])[0]
+            version = self.chunks.files.version(cid).encode("ascii", "replace")[:MAX_VERSION_BYTES]
+            writer.write(CHUNK_HEAD.pack(index, len(data), crt.crc32c(data), len(version)) + version + data)
             await writer.drain()
             self.served.chunks += 1
             self.served.bytes += len(data)

@@ -51,18 +51,18 @@ class FakePeer:
             start = line["start"]
             junk = bytes(range(256)) * (CHUNK // 256)
             if self.behaviour == "bad-crc":
-                writer.write(CHUNK_HEAD.pack(start, CHUNK, 12345) + junk)
+                writer.write(CHUNK_HEAD.pack(start, CHUNK, 12345, 0) + junk)
             elif self.behaviour == "wrong-size":
-                writer.write(CHUNK_HEAD.pack(start, CHUNK + 1, 0) + junk + b"x")
+                writer.write(CHUNK_HEAD.pack(start, CHUNK + 1, 0, 0) + junk + b"x")
             elif self.behaviour == "out-of-order":
-                writer.write(CHUNK_HEAD.pack(start + 1, CHUNK, 0) + junk)
+                writer.write(CHUNK_HEAD.pack(start + 1, CHUNK, 0, 0) + junk)
             elif self.behaviour == "not-held":  # said it held everything, holds nothing
-                writer.write(CHUNK_HEAD.pack(start, NOT_HELD, 0))
+                writer.write(CHUNK_HEAD.pack(start, NOT_HELD, 0, 0))
             elif self.behaviour == "stall":
                 await writer.drain()
                 await asyncio.sleep(3)  # past the node's peer_timeout_s (1 s)
             elif self.behaviour == "hang-up":
-                writer.write(CHUNK_HEAD.pack(start, CHUNK, 0) + junk[:10])
+                writer.write(CHUNK_HEAD.pack(start, CHUNK, 0, 0) + junk[:10])
         await writer.drain()
         writer.close()
 

@@ -199,8 +199,9 @@ class S3ChunkSource(ChunkSource):
         if done is not None and not done.done():
             done.set_result(None)
 
-    async def store_fetched(self, cid: str, data: bytes) -> bool:
-        """A whole chunk fetched elsewhere, written through the cache and pinned (False: no room, nothing kept)."""
+    async def store_fetched(self, cid: str, data: bytes, version: str = "") -> bool:
+        """A whole chunk fetched elsewhere (a peer's copy of upstream ``version``), written through the cache and pinned
+        (False: no room, nothing kept). Its version makes it revalidated like a copy fetched from the upstream."""
         if not self.files.reserve(len(data)):
             return False
         tmp = self.files.new_tmp()
@@ -210,7 +211,7 @@ class S3ChunkSource(ChunkSource):
             self.files.unreserve(len(data))
             tmp.unlink(missing_ok=True)
             raise
-        self.files.commit(cid, tmp, len(data))
+        self.files.commit(cid, tmp, len(data), version)
         self.files.policy.pin([cid])
         return True
 
