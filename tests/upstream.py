@@ -92,6 +92,36 @@ class WeedServer(SeaweedFS):
         return (f'[store.s3]\nendpoint_url = "{self.endpoint}"\naccess_key = "{self.access_key}"\nsecret_key = "{self.secret_key}"\n'
                 "max_attempts = 3\nconnect_timeout_s = 2\nread_timeout_s = 20\n")
 
+    def reset(self) -> None:
+        """Remove every bucket (its objects and open uploads first): SeaweedFS has no reset API."""
+        import boto3
+        from botocore.config import Config
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+                          region_name="us-east-1", config=Config(s3={"addressing_style": "path"}))
+        for b in s3.list_buckets().get("Buckets", []):
+            name = b["Name"]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    s3.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+            for u in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
+                s3.abort_multipart_upload(Bucket=name, Key=u["Key"], UploadId=u["UploadId"])
+            s3.delete_bucket(Bucket=name)
+        s3.close()
+
+
+_shared_weed: list[WeedServer] = []
+
+
+def shared_weed() -> WeedServer:
+    """One SeaweedFS for the session (started on first use, it takes a while; stopped at exit)."""
+    if not _shared_weed or any(p.poll() is not None for p in _shared_weed[0].procs):
+        weed = WeedServer().start()
+        _shared_weed[:] = [weed]
+        atexit.register(weed.stop)
+    return _shared_weed[0]
+
 
 def s3_backend_config(root: Path, upstream: MotoServer | WeedServer, tenants: list) -> Path:
     """An ``objectcache serve`` configuration on the ``s3`` backend over ``upstream``, with these tenants

@@ -101,6 +101,27 @@ def test_batched_put_then_batched_get_round_trips_byte_exact_in_one_kv_get(lmcac
     assert bytes(single.byte_array) == bytes(objs[5].byte_array)
 
 
+def test_a_batched_put_is_one_kv_put_request(lmcache, monkeypatch):
+    """LMCache's batched put of several chunks reaches the node as one kv-put (counted on the wire:
+    every request the SDK sends goes through ObjectCacheClient._post)."""
+    from client_sdk.client import ObjectCacheClient
+    from protocol.kv_http import KVOp
+
+    sent: list[KVOp] = []
+    real_post = ObjectCacheClient._post
+
+    async def counting_post(self, path, op, body, **kw):
+        sent.append(op)
+        return await real_post(self, path, op, body, **kw)
+
+    monkeypatch.setattr(ObjectCacheClient, "_post", counting_post)
+    remote, cpu = lmcache["RemoteBackend-objectcache"], lmcache["LocalCPUBackend"]
+    keys = [_key(3000 + i) for i in range(5)]
+    remote.batched_submit_put_task(keys, _chunks(cpu, 5, seed=5))
+    _wait(lambda: not any(remote.exists_in_put_tasks(k) for k in keys) and remote.batched_contains(keys) == 5)
+    assert sent.count(KVOp.PUT) == 1, sent
+
+
 def test_a_partial_chunk_and_a_missing_key(lmcache):
     """The last chunk of a prompt is shorter: its header gives its shape back; a key never stored is a miss."""
     remote, cpu = lmcache["RemoteBackend-objectcache"], lmcache["LocalCPUBackend"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import numpy as np
 import pytest
@@ -89,7 +88,7 @@ def test_a_fetch_started_while_the_gateway_restarts_succeeds_through_the_retry(s
     run(scenario())
 
 
-def test_with_the_gateway_down_for_good_every_call_raises_service_unavailable_after_its_retries(services):
+def test_with_the_gateway_down_for_good_every_call_raises_service_unavailable_after_its_retries(services, caplog):
     storage, gateway, tenant = services
     layout = tiny_layout(16, num_layers=4)
     keys, chunks = keys_for(layout, 4, "down"), make_chunks(layout, 4, seed=7)
@@ -106,15 +105,18 @@ def test_with_the_gateway_down_for_good_every_call_raises_service_unavailable_af
                 "kv-status": lambda: c.status(),
             }
             for what, call in calls.items():
-                started = time.monotonic()
+                caplog.clear()
                 with pytest.raises(ObjectCacheError) as e:
-                    await asyncio.wait_for(call(), 10)
+                    await asyncio.wait_for(call(), 30)  # a bound against a hang, not a timing claim
                 assert e.value.code.name == "ServiceUnavailable" and e.value.status == 503, what
                 assert e.value.message.startswith(what) and "failed after 3 attempt(s)" in e.value.message, e.value.message
                 assert str(gateway.port) in e.value.message  # says which gateway could not be reached
-                assert time.monotonic() - started < 5  # bounded: 0.05 + 0.1 s of backoff, give or take jitter
+                # Bounded by count, not by a clock: exactly the 2 retries asked for, then the error.
+                retries = [r.getMessage() for r in caplog.records if "; retry " in r.getMessage()]
+                assert [m.split("; retry ")[1].split(" in ")[0] for m in retries] == ["1 of 2", "2 of 2"], retries
 
-    run(scenario())
+    with caplog.at_level(logging.INFO, logger="objectcache.client"):
+        run(scenario())
 
 
 def test_retries_0_fails_at_once_and_a_non_503_error_is_never_retried(services, caplog):
@@ -156,7 +158,6 @@ def test_a_stream_that_already_delivered_layers_is_not_retried(tmp_path, caplog,
             async with sdk(gateway, tenant, retries=10, backoff=0.1) as c:
                 await c.put_chunks(keys, chunks, layout)
                 seen = []
-                started = time.monotonic()
                 with pytest.raises(ObjectCacheError) as e:
                     async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:
                         async for idx, _ in layers:
@@ -164,8 +165,7 @@ def test_a_stream_that_already_delivered_layers_is_not_retried(tmp_path, caplog,
                             if idx == 0:
                                 gateway.kill()
                 assert seen[0] == 0 and seen[-1] < layout.num_layers - 1, "the transfer finished before the kill"
-                assert e.value.code.name == "ServiceUnavailable"
-                assert time.monotonic() - started < 10
+                assert e.value.code.name == "ServiceUnavailable"  # at once: no retry is logged (below), no clock read
 
         with caplog.at_level(logging.INFO, logger="objectcache.client"):
             run(scenario())

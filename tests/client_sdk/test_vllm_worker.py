@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from kvsupport import rpc
 from support import boto_client
 
 from client_sdk import chunk_keys
@@ -145,7 +146,50 @@ def test_a_layer_late_past_the_timeout_fails_the_load_and_never_lands_afterwards
     w.wait_for_layer(NAMES[0])
     assert caches[NAMES[0]][[2, 3]].any()
     w.wait_for_layer(NAMES[1])  # held by the server: gives up after 0.5 s
+    job = w._load
     assert w.failed_blocks() == {2, 3}
     gated_node.gate.open()
-    time.sleep(0.5)
+    # Events, not a pause: the server has ended the transfer (nothing more can arrive) and the
+    # client's fetch has finished (nothing more can be scattered), then nothing of layers 1, 2 is there.
+    deadline = time.monotonic() + 30
+    while rpc(gated_node.rpc_socket, "status")["transfers_active"] or not job.future.done():
+        assert time.monotonic() < deadline, "the held transfer never ended"
+        time.sleep(0.01)
     assert not caches[NAMES[1]].any() and not caches[NAMES[2]].any(), "a layer landed after the load was given up"
+
+
+@pytest.mark.parametrize("shape, why", [
+    ((BLOCKS, T, HEADS, 2 * D), "block_size in dim 1 (a [num_blocks, block_size, heads, 2·D] layout)"),
+    ((2, BLOCKS, T, HEADS, D), "FlashAttention's [2, num_blocks, block_size, heads, D]"),
+    ((BLOCKS, 2, T, HEADS, D), "FlashInfer's [num_blocks, 2, block_size, heads, D]"),
+    ((BLOCKS, HEADS, T, 2 * D + 1), "an odd last dimension"),
+], ids=["tokens-before-heads", "flash-attention", "flashinfer", "odd-last-dim"])
+def test_unknown_kv_layouts_are_refused_at_registration_with_a_message(parts, shape, why):
+    """README: layouts other than vLLM's CPU attention one are refused at start-up, never guessed."""
+    import torch
+
+    from client_sdk.vllm_connector.worker import WorkerSide
+
+    _, client = parts
+    w = WorkerSide(client, T, "auto", 30.0, mode="layerwise")
+    with pytest.raises(ValueError, match="CPU attention layout"):
+        w.register({n: torch.zeros(shape, dtype=torch.float32) for n in NAMES}, NAMES)
+    assert w.layout is None, why
+
+
+def test_kv_caches_off_the_cpu_or_not_contiguous_or_of_an_unknown_dtype_are_refused(parts):
+    import torch
+
+    from client_sdk.vllm_connector.worker import WorkerSide
+
+    _, client = parts
+    cases = {
+        "on another device": (torch.zeros(BLOCKS, HEADS, T, 2 * D, device="meta"), "only vLLM's CPU attention layout"),
+        "not contiguous": (torch.zeros(BLOCKS, HEADS, 2 * D, T).transpose(2, 3), "not contiguous"),
+        "float64": (torch.zeros(BLOCKS, HEADS, T, 2 * D, dtype=torch.float64), "has no chunk dtype"),
+    }
+    for name, (tensor, message) in cases.items():
+        w = WorkerSide(client, T, "auto", 30.0, mode="layerwise")
+        with pytest.raises(ValueError, match=message):
+            w.register({n: tensor for n in NAMES}, NAMES)
+        assert w.layout is None, name

@@ -59,6 +59,11 @@ def _text(value: str) -> str:
     return value
 
 
+def quoted_etag(etag: str) -> str:
+    """An ETag as S3 writes it, in double quotes (SeaweedFS answers CopyObject/UploadPartCopy without them)."""
+    return etag if etag.startswith('"') or etag.startswith('W/"') else f'"{etag}"'
+
+
 def put_args(spec: PutSpec, owner: str, checksums: dict[str, str], immutable: bool, multipart: bool = False) -> dict[str, Any]:
     """ContentType, Metadata and Tagging for an upstream PUT, copy or multipart upload."""
     metadata = {k: _ascii(v) for k, v in spec.user_metadata.items() if k.lower() not in _RESERVED_META} | {_OWNER: _ascii(owner)}

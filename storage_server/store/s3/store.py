@@ -30,7 +30,7 @@ from ..object_store import BodyStream, BucketInfo, ListPage, ObjectMeta, ObjectR
 from ..rules import check_immutable_reput, check_write_condition, verify_received
 from .buckets import RESERVED, BucketMarkers, check_key, is_reserved
 from .listing import list_page
-from .objects import PartCutter, Stored, condition_args, open_upstream, put_args, record_part_sizes, stored, with_acl, with_attributes
+from .objects import PartCutter, Stored, condition_args, open_upstream, put_args, quoted_etag, record_part_sizes, stored, with_acl, with_attributes
 from .uploads import PartAttempts, UploadOps
 from .upstream import Upstream
 
@@ -259,7 +259,7 @@ class S3Store(UploadOps, ObjectStore):
                 raise S3Error(ErrorCode.ServiceUnavailable, f"Object {src.key!r} was replaced while it was being copied; retry.") from None
             raise
         self._changed(bucket, [key])
-        etag = resp.get("CopyObjectResult", {}).get("ETag", src.etag)
+        etag = quoted_etag(resp.get("CopyObjectResult", {}).get("ETag", src.etag))
         if src.part_sizes:  # a copy keeps the parts (the upstream's copy may be one part: the record says what they were)
             await record_part_sizes(self.up, bucket, key, etag, src.part_sizes)
         return ObjectMeta(bucket=bucket, key=key, size=src.size, etag=etag, last_modified=time.time(),
@@ -295,7 +295,7 @@ class S3Store(UploadOps, ObjectStore):
             if e.code == ErrorCode.PreconditionFailed:
                 raise S3Error(ErrorCode.ServiceUnavailable, f"Object {key!r} was replaced while its ACL was set; retry.") from None
             raise
-        etag = resp.get("CopyObjectResult", {}).get("ETag", meta.etag)
+        etag = quoted_etag(resp.get("CopyObjectResult", {}).get("ETag", meta.etag))
         if meta.part_sizes and etag != meta.etag:
             await record_part_sizes(self.up, bucket, key, etag, meta.part_sizes)
 

@@ -33,7 +33,7 @@ from ..object_store import BodyStream, ByteRange, ObjectMeta, PartInfo, PutSpec,
 from ..rules import check_immutable_reput, check_write_condition, completed_meta, select_parts, verify_received
 from .buckets import RESERVED, check_key
 from .listing import list_page
-from .objects import PartCutter, condition_args, put_args, record_part_sizes
+from .objects import PartCutter, condition_args, put_args, quoted_etag, record_part_sizes
 
 if TYPE_CHECKING:
     from .store import S3Store
@@ -169,7 +169,7 @@ class UploadOps:
                                   CopySource={"Bucket": src.bucket, "Key": src.key}, CopySourceIfMatch=src.etag, missing=ErrorCode.NoSuchUpload,
                                   **extra)
         size = rng.length if rng else src.size
-        return PartInfo(part_number, size, resp["CopyPartResult"]["ETag"], time.time())
+        return PartInfo(part_number, size, quoted_etag(resp["CopyPartResult"]["ETag"]), time.time())
 
     async def _upstream_parts(self: "S3Store", upload: UploadInfo, after: int = 0, limit: int = 10000) -> list[PartInfo]:
         parts: list[PartInfo] = []
