@@ -112,10 +112,6 @@ async def _fetch(node, tenant, bucket, keys):
         return (await c.fetch(keys, LAYOUT, "shm"))[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product defect: the storage server keys its chunk cache by the bucket record it caches for TTL_S (5 s) per "
-    "process; a bucket deleted and created again through the gateway (another process) leaves that record stale, "
-    "so for up to 5 s a kv-get serves the old incarnation's cached bytes (passes when the fetch waits 5.5 s)"))
 def test_a_bucket_deleted_and_created_again_never_serves_the_old_bytes(upstream_nodes):
     """Node A caches the old chunks (it put them), deletes them and the bucket and creates the bucket again;
     node B then puts other bytes under the same keys. A's kv-get must fetch those, not serve its cached copies."""
