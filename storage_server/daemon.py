@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from protocol.config import Config
+from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op
 from protocol.rpc_auth import storage_rpc_key
 
@@ -65,6 +66,12 @@ class StorageServer:
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
         self.cluster = _cluster_node(config, chunks, self.data)
+        self.estimator = None
+        if self.cluster is not None:
+            from .cluster.estimator import Estimator
+
+            self.estimator = Estimator(self.cluster, self.kv)
+        self.rpc.handlers[Op.KV_ESTIMATE] = self.estimator.rpc if self.estimator is not None else _no_estimate
 
     async def start(self) -> asyncio.AbstractServer:
         self.gc.start()
@@ -76,6 +83,8 @@ class StorageServer:
         self._data_server = await self.data.listen()
         if self.cluster is not None:
             await self.cluster.start()
+        if self.estimator is not None:
+            self.estimator.start()
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp, self.rpc_key)
 
     async def housekeeping(self) -> None:
@@ -121,6 +130,7 @@ class StorageServer:
             **self.kv.status(),
             **self.chunks.status(),
             **(self.cluster.status() if self.cluster is not None else {}),
+            **({"oracle": self.estimator.status()} if self.estimator is not None else {}),
         }
 
     async def drain(self, timeout_s: float) -> int:
@@ -149,11 +159,17 @@ class StorageServer:
         if self._data_server is not None:
             self._data_server.close()
         self.handover.close()
+        if self.estimator is not None:
+            self.estimator.close()
         if self.cluster is not None:
             await self.cluster.close()
         await self.kv.close()
         await self.chunks.close()
         await self.store.close()
+
+
+async def _no_estimate(call: RpcCall) -> Reply:
+    raise S3Error(ErrorCode.NotImplemented, "kv-estimate is answered by cluster nodes (set cluster.node_id): this node has no cluster")
 
 
 def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint):  # -> ClusterNode | None
