@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,16 @@ def test_the_documented_question_decodes():
     example = text.split("engine)::", 1)[1].split("\n\n", 2)[1].replace('"<chunk key 0>", "<chunk key 1>", ...', '"k0", "k1"')
     req = EstimateRequest.from_json(json.loads(example)).check()
     assert (req.chunk_bytes, req.num_layers, req.candidates) == (8388608, 32, ["gpu-7", "gpu-9"])
+
+
+def test_the_readme_json_examples_decode():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Asking a node: `kv-estimate`", 1)[1].split("\n## ", 1)[0]
+    question, answer = re.findall(r"```json\n(.*?)```", section, re.S)
+    req = EstimateRequest.from_json(json.loads(question)).check()
+    assert req.candidates == ["gpu-7", "gpu-9"] and req.chunk_bytes % req.num_layers == 0
+    reply = EstimateReply.from_json(json.loads(answer))
+    assert [link.name for link in reply.candidates[0].links] == ["node-b->node-a", "node-a->gpu-7"]
 
 
 def test_a_path_choice_becomes_a_candidate_estimate_with_its_inputs():
