@@ -10,7 +10,8 @@ under the grant's incarnation only.
 
 Every ``estimate_refresh_s`` the measured rates are folded into their EWMAs: each peer's streams into
 this node (the fetcher's bytes over the time its streams ran) and this node's kv-gets to its engines
-(payload over transfer time). Each kv-get's prediction (:meth:`forecast`) is the same model
+(payload over transfer time). What the links do not explain is learnt as a fixed cost per kind of source
+from each kv-get's first-layer residual. Each kv-get's prediction (:meth:`forecast`) is the same model
 evaluated, with the link picture taken when the kv-get arrived, on the paths its chunks took; the
 metrics compare it with what was measured.
 """
@@ -34,7 +35,7 @@ from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import NodeLoad, Telemetry, TierMap, build_view, engine_link, host_of, peer_link, taken_plan
+from .oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, engine_link, host_of, kind_of, peer_link, taken_plan
 
 log = logging.getLogger("objectcache.cluster")
 
@@ -46,6 +47,7 @@ class Estimator:
         self.telemetry = Telemetry(node.cfg.rate_ewma_alpha)
         self.refreshed_at = time.monotonic()
         self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
+        self.startup_s: dict[str, float] = {}  # learnt fixed cost per source kind (oracle_view.corrected_startup)
         self.answered = 0
         self._task: asyncio.Task | None = None
 
@@ -69,6 +71,10 @@ class Estimator:
         if outcome == "ok" and stats is not None and stats.total_s > 0:
             self.delivered[0] += stats.payload_bytes
             self.delivered[1] += stats.total_s
+        if outcome == "ok" and stats is not None and info.forecast is not None:
+            kind = kind_of(stats.paths)
+            self.startup_s[kind] = corrected_startup(self.startup_s.get(kind, 0.0), stats.setup_s + stats.first_layer_s,
+                                                     info.forecast.first_layer_s, self.cfg.rate_ewma_alpha)
 
     async def _refreshing(self) -> None:
         while True:
@@ -93,7 +99,7 @@ class Estimator:
         if self.node.fetcher is not None:
             flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
         capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
-        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at)
+        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.startup_s))
 
     def nodes(self) -> dict[str, NodeInfo]:
         live = self.node.members.live() if self.node.members is not None else []
@@ -125,8 +131,9 @@ class Estimator:
         want = PathRequest(n, float(req.chunk_bytes), req.num_layers)
         answers = []
         for host, target in zip(req.candidates, targets):
-            view = build_view(target, nodes, warm, n, self.tiers, load if target.node_id == self.me.node_id else NodeLoad(),
-                              self.cfg.estimate_stale_after_s)
+            # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
+            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
+            view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s)
             answers.append(candidate_estimate(host, dict(warm), choose_path(want, view), view))
         self.answered += 1
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
@@ -145,7 +152,8 @@ class Estimator:
 
     def status(self) -> dict[str, object]:
         return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
-                "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3)}
+                "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
+                "startup_s": {k: round(v, 6) for k, v in self.startup_s.items()}}
 
 
 def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:

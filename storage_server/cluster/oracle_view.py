@@ -12,7 +12,9 @@ local node), so every path ends on that node's link to the engine:
 Each link's bandwidth and latency come from the static tier map (``[cluster]`` config); a link this
 node measures (its peers' streams into it, its own deliveries to its engines) has the EWMA of its
 achieved rate (:class:`Telemetry`), which replaces the configured bandwidth while fresh; the
-node's in-flight bytes on a link are its flows (self-contention).
+node's in-flight bytes on a link are its flows (self-contention). What the links do not explain — the
+fixed cost of a request (lookups, connections, the gateway, the first read) — is learnt per kind of
+source from the node's own kv-gets (:func:`corrected_startup`) and starts each source of that kind.
 """
 
 from __future__ import annotations
@@ -91,6 +93,20 @@ class NodeLoad:
     flows: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # our in-flight bytes per link
     capacity: Mapping[str, float] = field(default_factory=dict)  # configured bandwidth overrides (the allocator's pool)
     age_s: float = 0.0  # since the rates were refreshed
+    startup_s: Mapping[str, float] = field(default_factory=dict)  # learnt fixed cost per source kind: local, peer, upstream
+
+
+def corrected_startup(previous: float, measured_s: float, predicted_s: float, alpha: float) -> float:
+    """A source kind's fixed cost after one kv-get: moved by ``alpha`` of the first layer's residual (measured minus the
+    prediction, which already included ``previous``), never below 0, so the predictions' bias goes to zero."""
+    return max(0.0, previous + alpha * (measured_s - predicted_s))
+
+
+def kind_of(paths: Mapping[str, int]) -> str:
+    """The farthest kind of source a finished kv-get used (the one whose fixed cost it measured)."""
+    if paths.get("upstream"):
+        return "upstream"
+    return "peer" if any(p.startswith("peer:") and n for p, n in paths.items()) else "local"
 
 
 def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:
@@ -105,7 +121,8 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
     me = target.node_id
     eng = engine_link(me, host_of(target))
     links = {eng: _link(eng, Tier.SAME_HOST, tiers.tiers[Tier.SAME_HOST], load)}
-    sources = [Source("local", SourceKind.LOCAL, min(warm.get(me, 0), num_chunks), (eng,))]
+    start = load.startup_s
+    sources = [Source("local", SourceKind.LOCAL, min(warm.get(me, 0), num_chunks), (eng,), startup_s=start.get("local", 0.0))]
     for node_id, chunks in sorted(warm.items()):
         if node_id == me or chunks <= 0:
             continue
@@ -113,10 +130,11 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
         other = nodes.get(node_id)
         tier = tier_between(placement(other), placement(target)) if other is not None else Tier.CROSS_ZONE
         links[name] = _link(name, tier, tiers.tiers[tier], load)
-        sources.append(Source(f"peer:{node_id}", SourceKind.PEER, min(chunks, num_chunks), (name, eng)))
+        sources.append(Source(f"peer:{node_id}", SourceKind.PEER, min(chunks, num_chunks), (name, eng), startup_s=start.get("peer", 0.0)))
     up = upstream_link(me)
     links[up] = _link(up, UPSTREAM_TIER, TierLink(tiers.upstream.bandwidth_bytes_per_s, 0.0), load)
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (up, eng), startup_s=tiers.upstream.latency_s))
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (up, eng),
+                          startup_s=tiers.upstream.latency_s + start.get("upstream", 0.0)))
     return OracleView(tuple(sources), links, stale_after_s)
 
 

@@ -9,7 +9,7 @@ from protocol.config import ClusterConfig
 from scheduler import PathRequest, Tier, choose_path
 from scheduler.oracle import GBPS
 from scheduler.paths import predict
-from storage_server.cluster.oracle_view import NodeLoad, Telemetry, TierMap, build_view, taken_plan
+from storage_server.cluster.oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, kind_of, taken_plan
 
 A = NodeInfo("a", "127.0.0.1:1", zone="z1", rack="r1", host="host-a")
 B = NodeInfo("b", "127.0.0.1:2", zone="z1", rack="r1", host="host-b")
@@ -71,3 +71,16 @@ def test_a_finished_pins_paths_become_the_plan_it_took():
     assert [s.source for s in choice.segments] == ["local", "peer:b", "peer:c", "upstream@a"]
     assert choice.total_s >= 0.02  # the upstream's first byte
     assert taken_plan("a", {"local": 2560}, 256, 10) == ({"a": 10}, [("local", 0, 10)])
+
+
+def test_the_learnt_fixed_cost_removes_a_steady_bias_and_starts_every_source_of_its_kind():
+    startup, predicted_links, measured = 0.0, 0.001, 0.011  # each kv-get takes 10 ms more than its links explain
+    for _ in range(40):
+        startup = corrected_startup(startup, measured, predicted_links + startup, alpha=0.3)
+    assert startup == pytest.approx(0.010, rel=1e-3)
+    assert corrected_startup(0.001, 0.0, 0.5, alpha=1.0) == 0.0  # never negative
+    load = NodeLoad(startup_s={"local": 0.01, "peer": 0.02, "upstream": 0.03})
+    by_name = {s.name: s for s in build_view(A, NODES, {"a": 1, "b": 2}, 4, TIERS, load).sources}
+    assert (by_name["local"].startup_s, by_name["peer:b"].startup_s) == (0.01, 0.02)
+    assert by_name["upstream@a"].startup_s == pytest.approx(0.02 + 0.03)  # first byte + learnt
+    assert [kind_of(p) for p in ({"local": 5}, {"local": 5, "peer:b": 5}, {"peer:b": 5, "upstream": 5})] == ["local", "peer", "upstream"]
