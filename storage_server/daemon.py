@@ -168,10 +168,6 @@ class StorageServer:
         await self.store.close()
 
 
-async def _no_estimate(call: RpcCall) -> Reply:
-    raise S3Error(ErrorCode.NotImplemented, "kv-estimate is answered by cluster nodes (set cluster.node_id): this node has no cluster")
-
-
 def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint):  # -> ClusterNode | None
     """The cluster membership of this node when ``cluster.node_id`` is set (the config refuses it without the s3 backend)."""
     if not config.cluster.enabled:
@@ -181,3 +177,7 @@ def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint):  # -
 
     assert isinstance(chunks, S3ChunkSource)
     return ClusterNode(config, chunks, data)
+
+
+async def _no_estimate(call: RpcCall) -> Reply:
+    raise S3Error(ErrorCode.NotImplemented, "kv-estimate is answered by cluster nodes (set cluster.node_id): this node has no cluster")
