@@ -87,7 +87,7 @@ class ObjectCacheClient:
     stalled server), not a whole transfer: a paced kv-get stream may rightly
     run for minutes. Exceeding it raises ``RequestTimeout``.
 
-    Idempotent calls (``lookup``, ``put_chunks`` — chunks are immutable —,
+    Idempotent calls (``lookup``, ``estimate``, ``put_chunks`` — chunks are immutable —,
     ``status``, and ``fetch``/``fetch_layers`` until the response has begun)
     are retried ``retries`` times when the gateway answers 503 or the
     connection is refused, reset or dropped (a gateway restart), waiting

@@ -9,6 +9,7 @@ Two nodes over one moto upstream, one rack apart: ``a`` (host ``host-a``, rack r
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -169,5 +170,14 @@ def test_every_kv_get_puts_its_predicted_and_measured_times_in_the_metrics(clust
             assert value(after, name, phase=phase) - value(before, name, phase=phase) == 2, (name, phase)
         assert value(after, "objectcache_oracle_measured_over_predicted_sum", phase=phase) > 0
     # The engine link's measured rate reaches the oracle (EWMA at the next refresh).
-    rates = wait_for(lambda: status(nodes["a"])["oracle"]["measured_bytes_per_s"], what="a measured rate")
+    def settled():  # every kv-get folded in: two reads a few refreshes apart agree
+        first = status(nodes["a"])["oracle"]["measured_bytes_per_s"]
+        time.sleep(0.6)
+        return first if first and first == status(nodes["a"])["oracle"]["measured_bytes_per_s"] else None
+
+    rates = wait_for(settled, what="the measured rates")
     assert rates.get("a->host-a", 0) > 0 and rates.get("b->a", 0) > 0, rates
+    # ... and replaces the configured bandwidth (200 Gbit/s same host) in kv-estimate's inputs while fresh.
+    reply = run(_estimate(nodes["a"], people["alice"], "est-metrics", keys, ["host-a"]))
+    engine = next(link for link in reply.candidates[0].links if link.name == "a->host-a")
+    assert engine.bandwidth_bytes_per_s == pytest.approx(rates["a->host-a"], rel=0.01) and engine.bandwidth_bytes_per_s < 200e9 / 8
