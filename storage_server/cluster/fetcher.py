@@ -155,15 +155,7 @@ class PeerFetcher:
         loop = asyncio.get_running_loop()
         started = loop.time()
 
-        t = self.tally
-        asked = (hi - lo) * pin_for.chunk_bytes
-        t.inflight[peer.node_id] = t.inflight.get(peer.node_id, 0) + asked
-        landed = 0
-
         async def land(index: int, data: bytes) -> None:
-            nonlocal landed
-            landed += len(data)
-            t.inflight[peer.node_id] -= len(data)
             cid = wanted[index][1]
             if have[index] or not cache.claim(cid):  # another request is fetching it (or it arrived meanwhile)
                 return
@@ -176,8 +168,19 @@ class PeerFetcher:
             finally:
                 cache.release(cid)
 
+        t = self.tally  # the oracle's queued bytes: what this stream has yet to land
+        asked = (hi - lo) * pin_for.chunk_bytes
+        t.inflight[peer.node_id] = t.inflight.get(peer.node_id, 0) + asked
+        landed = 0
+
+        async def counted(index: int, data: bytes, *more: str) -> None:
+            nonlocal landed
+            landed += len(data)
+            t.inflight[peer.node_id] -= len(data)
+            await land(index, data, *more)
+
         try:
-            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, land)
+            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, counted)
             ok = got == hi - lo
         except PeerFault as e:
             log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)
