@@ -35,6 +35,7 @@ from botocore.exceptions import ClientError
 from protocol.checksums import b64
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
+from protocol.estimate import EstimateReply, EstimateRequest
 from protocol.kv_http import HEADER_RDMA_TAG, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
@@ -86,7 +87,7 @@ class ObjectCacheClient:
     stalled server), not a whole transfer: a paced kv-get stream may rightly
     run for minutes. Exceeding it raises ``RequestTimeout``.
 
-    Idempotent calls (``lookup``, ``put_chunks`` — chunks are immutable —,
+    Idempotent calls (``lookup``, ``estimate``, ``put_chunks`` — chunks are immutable —,
     ``status``, and ``fetch``/``fetch_layers`` until the response has begun)
     are retried ``retries`` times when the gateway answers 503 or the
     connection is refused, reset or dropped (a gateway restart), waiting
@@ -332,6 +333,13 @@ class ObjectCacheClient:
         body = encode_keys(list(keys))
         resp = await self._retrying(f"kv-lookup of {len(keys)} key(s)", lambda: self._post(f"/{self.bucket}", KVOp.LOOKUP, body))
         return LookupReply.from_json(await resp.json()).hits
+
+    async def estimate(self, keys: Sequence[str], candidates: Sequence[str], layout: KVLayout) -> EstimateReply:
+        """The delivery-time oracle (``kv-estimate``, cluster nodes): per candidate host, where the prefix's leading
+        chunks are warm, the path the node would use and the predicted time to the first layer and the whole payload."""
+        body = _json(EstimateRequest(list(keys), list(candidates), layout.chunk_bytes, layout.num_layers).check())
+        resp = await self._retrying(f"kv-estimate of {len(keys)} key(s)", lambda: self._post(f"/{self.bucket}", KVOp.ESTIMATE, body))
+        return EstimateReply.from_json(await resp.json())
 
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,

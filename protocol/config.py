@@ -18,6 +18,7 @@ Every process reads this module, so it imports nothing of the project and writes
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -406,6 +407,24 @@ class ClusterConfig(Section):
     # holds whole is answered with a ticket for that peer's data endpoint (storage_server.data_listen there), so
     # the client streams it from the peer; the chunks do not enter this node's cache. false: through this node.
     direct_from_peers: bool = False
+    # The delivery-time oracle (kv-estimate, and each kv-get's prediction): configured bandwidth (Gbit/s) and one-way
+    # latency (microseconds) per tier of the static tier map, from the topology labels above (NetKV's tier map).
+    same_host_gbps: float = 200.0
+    same_rack_gbps: float = 100.0
+    same_zone_gbps: float = 50.0
+    cross_zone_gbps: float = 25.0
+    same_host_latency_us: float = 2.0
+    same_rack_latency_us: float = 5.0
+    same_zone_latency_us: float = 10.0
+    cross_zone_latency_us: float = 25.0
+    # The upstream store as a source: its bandwidth into one node and its first-byte time.
+    upstream_gbps: float = 10.0
+    upstream_first_byte_ms: float = 20.0
+    # How often measured per-link rates are folded into their EWMA (weight rate_ewma_alpha for the newest sample);
+    # measurements older than estimate_stale_after_s are ignored (the configured tier map alone).
+    estimate_refresh_s: float = 1.0
+    rate_ewma_alpha: float = 0.3
+    estimate_stale_after_s: float = 30.0
 
     @property
     def enabled(self) -> bool:
@@ -438,6 +457,14 @@ class ClusterConfig(Section):
         self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
         self.require(self.cold_split_peers >= 0, "cold_split_peers", "must be >= 0 (0 = no split)")
         self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
+        for tier in ("same_host", "same_rack", "same_zone", "cross_zone"):
+            self.require(0 < getattr(self, f"{tier}_gbps") < math.inf, f"{tier}_gbps", "must be > 0 and finite")
+            self.require(0 <= getattr(self, f"{tier}_latency_us") < math.inf, f"{tier}_latency_us", "must be >= 0 and finite")
+        self.require(0 < self.upstream_gbps < math.inf, "upstream_gbps", "must be > 0 and finite")
+        self.require(0 <= self.upstream_first_byte_ms < math.inf, "upstream_first_byte_ms", "must be >= 0 and finite")
+        self.require(self.estimate_refresh_s > 0, "estimate_refresh_s", "must be > 0")
+        self.require(0 < self.rate_ewma_alpha <= 1, "rate_ewma_alpha", "must be in (0, 1]")
+        self.require(self.estimate_stale_after_s > 0, "estimate_stale_after_s", "must be > 0")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,14 @@
 """``kv-estimate``: the delivery-time oracle's question and answer, as JSON records.
 
 A router asks ``POST /{bucket}?kv-estimate`` (signed like every KV operation) with
-the prefix's chunk keys and the destination hosts it is choosing between; the node
+the prefix's chunk keys, the size of one chunk (all layers) and the layer count of
+its model, and the destination hosts it is choosing between (a cluster node's
+``host`` label or node id: the node beside the engine)::
+
+    {"keys": ["<chunk key 0>", "<chunk key 1>", ...], "chunk_bytes": 8388608, "num_layers": 32,
+     "candidates": ["gpu-7", "gpu-9"]}
+
+The node
 answers, per candidate, where the leading chunks are warm, the path it would use
 and the predicted time to the first layer and to the whole payload, with the
 inputs (tier, bandwidth, congestion, queued bytes of each link on the path) so a
@@ -26,11 +33,15 @@ import typing
 from dataclasses import dataclass, fields
 
 from .errors import ErrorCode, S3Error
-from .kv_http import JsonRecord
+from .kv_http import JsonRecord, KVOp
+from .wire import MAX_KEY_BYTES, MAX_LAYERS
 
-KV_ESTIMATE = "kv-estimate"  # the sub-resource: POST /{bucket}?kv-estimate
+KV_ESTIMATE = KVOp.ESTIMATE  # the sub-resource: POST /{bucket}?kv-estimate
 MAX_ESTIMATE_KEYS = 65536
 MAX_ESTIMATE_CANDIDATES = 64
+MAX_ESTIMATE_BODY = 16 << 20  # the request's JSON (65536 keys of a typical ~100 bytes fit several times)
+MAX_CHUNK_BYTES = 1 << 40
+MAX_HOST_CHARS = 253
 TIER_NAMES = ("same-host", "same-rack", "same-zone", "cross-zone")  # scheduler.Tier 0..3
 
 
@@ -59,15 +70,29 @@ class _Record(JsonRecord):
 class EstimateRequest(_Record):
     keys: list[str]  # the prefix's chunk keys, in order
     candidates: list[str]  # destination hosts (engines' nodes) to estimate for
+    chunk_bytes: int  # one chunk object, all layers (KVLayout.chunk_bytes)
+    num_layers: int
 
     def check(self) -> "EstimateRequest":
-        """Refuse empty or oversized questions (InvalidArgument naming the field)."""
+        """Refuse empty, oversized or impossible questions (InvalidArgument naming the field)."""
         for name, items, limit in (("keys", self.keys, MAX_ESTIMATE_KEYS), ("candidates", self.candidates, MAX_ESTIMATE_CANDIDATES)):
             if not items or len(items) > limit:
-                raise S3Error(ErrorCode.InvalidArgument, f"{name} must hold 1..{limit} entries, not {len(items)}", extra={"ArgumentName": name})
+                raise _bad(name, f"{name} must hold 1..{limit} entries, not {len(items)}")
+        if any(not k or len(k.encode()) > MAX_KEY_BYTES for k in self.keys):
+            raise _bad("keys", f"every key must be 1..{MAX_KEY_BYTES} bytes")
+        if any(not h or len(h) > MAX_HOST_CHARS for h in self.candidates):
+            raise _bad("candidates", f"every host must be 1..{MAX_HOST_CHARS} characters")
         if len(set(self.candidates)) != len(self.candidates):
-            raise S3Error(ErrorCode.InvalidArgument, "candidates must not repeat a host", extra={"ArgumentName": "candidates"})
+            raise _bad("candidates", "candidates must not repeat a host")
+        if not 1 <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise _bad("chunk_bytes", f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, not {self.chunk_bytes}")
+        if not 1 <= self.num_layers <= MAX_LAYERS or self.chunk_bytes % self.num_layers:
+            raise _bad("num_layers", f"num_layers must be in 1..{MAX_LAYERS} and divide chunk_bytes")
         return self
+
+
+def _bad(name: str, message: str) -> S3Error:
+    return S3Error(ErrorCode.InvalidArgument, message, extra={"ArgumentName": name})
 
 
 @dataclass(frozen=True)

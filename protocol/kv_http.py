@@ -28,6 +28,7 @@ class KVOp(StrEnum):
     REGISTER_RDMA = "kv-register-rdma"  # POST /: RdmaRegisterRequest in, RegisterReply out
     UNREGISTER = "kv-unregister"  # POST /: UnregisterRequest in, {} out
     STATUS = "kv-status"  # GET /: the storage server's status
+    ESTIMATE = "kv-estimate"  # POST /{bucket}: EstimateRequest in, EstimateReply out (protocol.estimate)
 
 
 # Response headers of a kv-get (before its frames).

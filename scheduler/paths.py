@@ -138,6 +138,12 @@ def choose_path(request: PathRequest, view: OracleView, allow_split: bool = True
     return _pick(options)
 
 
+def predict(request: PathRequest, view: OracleView, plan: Sequence[tuple[str, int, int]]) -> PathChoice:
+    """The prediction for a plan already fixed (what a node's fetcher did): ``(source name, first, end)`` parts."""
+    by_name = {s.name: s for s in view.sources}
+    return _evaluate(request, view, [(by_name[name], a, b) for name, a, b in plan if b > a])
+
+
 def schedule_batch(requests: Sequence[PathRequest], view: OracleView, allow_split: bool = True) -> tuple[list[PathChoice], OracleView]:
     """Place requests one after another, each seeing the flows of those placed before it; returns the new view."""
     choices = []

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from protocol.config import Config
+from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op
 from protocol.rpc_auth import storage_rpc_key
 
@@ -69,6 +70,12 @@ class StorageServer:
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
         self.cluster = _cluster_node(config, chunks, self.data)
+        self.estimator = None
+        if self.cluster is not None:
+            from .cluster.estimator import Estimator
+
+            self.estimator = Estimator(self.cluster, self.kv)
+        self.rpc.handlers[Op.KV_ESTIMATE] = self.estimator.rpc if self.estimator is not None else _no_estimate
 
     async def start(self) -> asyncio.AbstractServer:
         self.gc.start()
@@ -80,6 +87,8 @@ class StorageServer:
         self._data_server = await self.data.listen()
         if self.cluster is not None:
             await self.cluster.start()
+        if self.estimator is not None:
+            self.estimator.start()
         return await self.rpc.listen(str(self.config.rpc_socket), self.config.storage_server.tcp, self.rpc_key)
 
     async def housekeeping(self) -> None:
@@ -125,6 +134,7 @@ class StorageServer:
             **self.kv.status(),
             **self.chunks.status(),
             **(self.cluster.status() if self.cluster is not None else {}),
+            **({"oracle": self.estimator.status()} if self.estimator is not None else {}),
         }
 
     async def drain(self, timeout_s: float) -> int:
@@ -153,6 +163,8 @@ class StorageServer:
         if self._data_server is not None:
             self._data_server.close()
         self.handover.close()
+        if self.estimator is not None:
+            self.estimator.close()
         if self.cluster is not None:
             await self.cluster.close()
         await self.kv.close()
@@ -169,3 +181,7 @@ def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint) -> "C
 
     assert isinstance(chunks, S3ChunkSource)
     return ClusterNode(config, chunks, data)
+
+
+async def _no_estimate(call: RpcCall) -> Reply:
+    raise S3Error(ErrorCode.NotImplemented, "kv-estimate is answered by cluster nodes (set cluster.node_id): this node has no cluster")

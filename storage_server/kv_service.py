@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
@@ -47,6 +47,24 @@ access_log = logging.getLogger("objectcache.access.transfers")
 
 
 @dataclass(frozen=True)
+class Forecast:
+    """The delivery-time oracle's prediction for one kv-get, from its arrival (the metrics set it against the measured)."""
+
+    first_layer_s: float
+    total_s: float
+
+
+class Forecaster(Protocol):
+    """Predicts kv-gets (a cluster node's :class:`~storage_server.cluster.estimator.Estimator`)."""
+
+    def snapshot(self) -> Any:
+        """The link picture now (taken when a kv-get arrives)."""
+
+    def forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast:
+        """The prediction for ``d`` whose chunks took ``paths``, from the picture at its arrival."""
+
+
+@dataclass(frozen=True)
 class TransferInfo:
     """One accepted kv-get, as pacers and status see it."""
 
@@ -55,6 +73,7 @@ class TransferInfo:
     bucket: str
     descriptor: Descriptor
     plan: TransferPlan
+    forecast: Forecast | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "tenant": self.tenant, "mode": self.plan.mode.name.lower(),
@@ -118,6 +137,7 @@ class KVService:
         self._transfers = itertools.count()
         self._tasks: dict[int, asyncio.Task] = {}  # what runs each active transfer, to stop it at shutdown
         self.observers: list[TransferObserver] = [log_transfer]
+        self.forecaster: Forecaster | None = None
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -195,16 +215,18 @@ class KVService:
         request_id = str(call.request.fields.get("request_id", ""))
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s)
         slot = next(self._transfers)
+        snapshot = self.forecaster.snapshot() if self.forecaster is not None else None
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
             check_chunk_sizes(d, pinned.sizes)
+            forecast = self._forecast(snapshot, d, pinned.paths or {"local": sum(pinned.sizes)})
             plan = plan_transfer(
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
                 staging_budget=self.staging.per_tenant, pool_enabled=self.pool is not None,
                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
-            info = TransferInfo(request_id, tenant, bucket, d, plan)
+            info = TransferInfo(request_id, tenant, bucket, d, plan, forecast)
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
@@ -241,6 +263,16 @@ class KVService:
             if pinned is not None:
                 pinned.release()
             transport.close()
+
+    def _forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast | None:
+        """The oracle's prediction for this kv-get; a failing forecaster costs the metric, never the kv-get."""
+        if self.forecaster is None or snapshot is None:
+            return None
+        try:
+            return self.forecaster.forecast(snapshot, d, paths)
+        except Exception:
+            log.exception("kv-get forecast failed")
+            return None
 
     def _ended(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
         for observe in self.observers:

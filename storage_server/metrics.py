@@ -20,6 +20,8 @@ from protocol.wire import TransferStats
 
 from .kv_service import KVService, TransferInfo
 
+# measured / predicted: 1 is a perfect prediction, 2 took twice as long as the oracle said.
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4, 10)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -73,6 +75,11 @@ class StorageServerMetrics:
                                   "(local cache, upstream, peer:<node>)", ["path"], registry=r)
         self.failovers = Counter("objectcache_kv_get_failovers", "peer streams replaced by another path within a kv-get", registry=r)
         self.total = Histogram("objectcache_kv_get_seconds", "transfer start to END", labels, buckets=SECONDS_BUCKETS, registry=r)
+        # The delivery-time oracle against the truth (cluster nodes): from the kv-get's arrival to its first layer / END.
+        self.oracle_ratio = Histogram("objectcache_oracle_measured_over_predicted", "a kv-get's measured time over the oracle's "
+                                      "prediction, from its arrival (phase: first_layer, total)", ["phase"], buckets=RATIO_BUCKETS, registry=r)
+        self.oracle_error = Histogram("objectcache_oracle_error_seconds", "|measured - predicted| of a kv-get's time from its arrival "
+                                      "(phase: first_layer, total)", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
         kv.observers.append(self.observe)
 
     def observe(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
@@ -88,6 +95,13 @@ class StorageServerMetrics:
             self.path_bytes.labels(path).inc(nbytes)
         if stats.failovers:
             self.failovers.inc(stats.failovers)
+        if info.forecast is not None:
+            measured = {"first_layer": stats.setup_s + stats.first_layer_s, "total": stats.setup_s + stats.total_s}
+            predicted = {"first_layer": info.forecast.first_layer_s, "total": info.forecast.total_s}
+            for phase, seconds in measured.items():
+                if predicted[phase] > 0:
+                    self.oracle_ratio.labels(phase).observe(seconds / predicted[phase])
+                self.oracle_error.labels(phase).observe(abs(seconds - predicted[phase]))
 
     def listen(self, host: str, port: int) -> Callable[[], None]:
         """Serve ``/metrics`` on its own listener thread; a stop function."""

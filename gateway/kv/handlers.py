@@ -4,6 +4,8 @@
 * ``POST /{bucket}?kv-put``    — store many immutable chunk objects (one request).
 * ``POST /{bucket}?kv-get``    — forward a descriptor to the storage server and relay its frames
   (or, asked with ``x-oc-direct`` and with a data endpoint configured, answer with a ticket for it).
+* ``POST /{bucket}?kv-estimate`` — the delivery-time oracle: per candidate host, warm chunks, path and predicted
+  times (:mod:`protocol.estimate`), answered by the storage server of a cluster node.
 * ``POST /?kv-register`` / ``POST /?kv-unregister`` — shared-memory regions for the ``shm`` transport.
 
 The gateway authenticates, authorises and validates; the storage server, which
@@ -23,6 +25,7 @@ from aiohttp import web
 
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
+from protocol.estimate import MAX_ESTIMATE_BODY, EstimateReply, EstimateRequest
 from protocol.kv_http import (
     FRAMES_CONTENT_TYPE,
     HEADER_GATEWAY_S,
@@ -113,6 +116,24 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
         return resp
     finally:
         writer.close()
+
+
+async def kv_estimate(req: S3Request) -> web.Response:
+    """Only about the caller's own bucket: another tenant's is refused before anything is looked up."""
+    try:
+        await req.owned_bucket()
+    except S3Error as e:
+        if e.code is not ErrorCode.AccessDenied:
+            raise
+        raise S3Error(ErrorCode.AccessDenied, "kv-estimate answers only about the caller's own buckets", f"/{req.bucket}",
+                      extra={"ArgumentName": "bucket"}) from None
+    try:
+        body = EstimateRequest.from_json(json.loads(await req.body_bytes(MAX_ESTIMATE_BODY) or b"null")).check()
+    except ValueError:
+        raise S3Error(ErrorCode.InvalidRequest, "The kv-estimate body must be a JSON object.") from None
+    reply = await rpc(req).call(Op.KV_ESTIMATE, json.dumps(body.to_json()).encode(), tenant=req.tenant, bucket=req.bucket,
+                                request_id=req.request_id)
+    return json_response(EstimateReply.from_json(reply).to_json())
 
 
 async def _relay_frames(reader, resp: web.StreamResponse) -> None:

@@ -38,7 +38,9 @@ class PeerTally:
     """What this node fetched from each peer (status and metrics)."""
 
     bytes: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # summed over concurrent streams
+    wall_s: dict[str, float] = field(default_factory=dict)  # while at least one stream from the peer ran: its achieved rate's time
+    inflight: dict[str, int] = field(default_factory=dict)  # bytes asked of the peer and not yet landed (the oracle's queued bytes)
     failovers: int = 0
     lookups: int = 0
     direct: int = 0  # kv-gets handed to a peer's data endpoint
@@ -72,6 +74,16 @@ class PeerFetcher:
                 log.info("cluster lookup: %s", t.exception())
         return out
 
+    async def warm_on_peers(self, tenant: str, bucket: str, bucket_id: str, keys: list[str], request_id: str) -> dict[str, int]:
+        """How many leading ``keys`` each live peer holds warm (the tenant's bucket incarnation only, under a grant
+        for exactly these keys), from one batched lookup bounded by ``lookup_timeout_s``; silent peers are left out."""
+        peers = self.members.live()
+        if not peers:
+            return {}
+        grant = PeerGrant.issue(self.key, tenant=tenant, bucket=bucket, bucket_id=bucket_id, keys=keys,
+                                request_id=request_id, issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
+        return {c.peer.node_id: c.warm for c in await self._ask(peers, PeerCall(bucket, bucket_id, keys, grant))}
+
     async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
                    cache: S3ChunkSource, filled: Filled) -> None:
         peers = self.members.live()
@@ -104,7 +116,12 @@ class PeerFetcher:
         """``todo`` (indices into ``wanted``) from ``peer`` over up to ``fetch_concurrency`` streams; False (a failover) if any broke."""
         runs = _runs(todo)
         ranges = [r for lo, hi in runs for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(runs)))]
-        results = await asyncio.gather(*(self._stream(peer, call, lo, hi, wanted, have, pin_for, cache, filled, fill) for lo, hi in ranges))
+        t = self.tally
+        started = asyncio.get_running_loop().time()
+        try:
+            results = await asyncio.gather(*(self._stream(peer, call, lo, hi, wanted, have, pin_for, cache, filled, fill) for lo, hi in ranges))
+        finally:
+            t.wall_s[peer.node_id] = t.wall_s.get(peer.node_id, 0.0) + asyncio.get_running_loop().time() - started
         if all(results):
             return True
         filled.failovers += 1
@@ -151,12 +168,25 @@ class PeerFetcher:
             finally:
                 cache.release(cid)
 
+        t = self.tally  # the oracle's queued bytes: what this stream has yet to land
+        asked = (hi - lo) * pin_for.chunk_bytes
+        t.inflight[peer.node_id] = t.inflight.get(peer.node_id, 0) + asked
+        landed = 0
+
+        async def counted(index: int, data: bytes, *more: str) -> None:
+            nonlocal landed
+            landed += len(data)
+            t.inflight[peer.node_id] -= len(data)
+            await land(index, data, *more)
+
         try:
-            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, land)
+            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, counted)
             ok = got == hi - lo
         except PeerFault as e:
             log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)
             ok = False
+        finally:
+            t.inflight[peer.node_id] -= asked - landed
         self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + loop.time() - started
         return ok
 

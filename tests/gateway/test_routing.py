@@ -47,6 +47,7 @@ OPERATIONS = [
     ("POST", B, {"kv-get": ""}, {}, "KVGet"),
     ("POST", B, {"kv-put": ""}, {}, "KVPut"),
     ("POST", B, {"kv-lookup": ""}, {}, "KVLookup"),
+    ("POST", B, {"kv-estimate": ""}, {}, "KVEstimate"),
     ("POST", S, {"kv-register": ""}, {}, "KVRegister"),
     ("POST", S, {"kv-unregister": ""}, {}, "KVUnregister"),
     ("POST", S, {"kv-register-rdma": ""}, {}, "KVRegisterRdma"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -36,17 +38,41 @@ def test_a_missing_or_mistyped_field_is_named():
         EstimateReply.from_json(obj)
 
 
+GOOD = {"chunk_bytes": 256, "num_layers": 8}
+
+
 @pytest.mark.parametrize("body,field", [
-    ({"keys": [], "candidates": ["h"]}, "keys"),
-    ({"keys": ["k"] * (MAX_ESTIMATE_KEYS + 1), "candidates": ["h"]}, "keys"),
-    ({"keys": ["k"], "candidates": []}, "candidates"),
-    ({"keys": ["k"], "candidates": [f"h{i}" for i in range(MAX_ESTIMATE_CANDIDATES + 1)]}, "candidates"),
-    ({"keys": ["k"], "candidates": ["h", "h"]}, "candidates"),
+    ({"keys": [], "candidates": ["h"], **GOOD}, "keys"),
+    ({"keys": ["k"] * (MAX_ESTIMATE_KEYS + 1), "candidates": ["h"], **GOOD}, "keys"),
+    ({"keys": [""], "candidates": ["h"], **GOOD}, "keys"),
+    ({"keys": ["k"], "candidates": [], **GOOD}, "candidates"),
+    ({"keys": ["k"], "candidates": [f"h{i}" for i in range(MAX_ESTIMATE_CANDIDATES + 1)], **GOOD}, "candidates"),
+    ({"keys": ["k"], "candidates": ["h", "h"], **GOOD}, "candidates"),
+    ({"keys": ["k"], "candidates": ["h"], "chunk_bytes": 0, "num_layers": 8}, "chunk_bytes"),
+    ({"keys": ["k"], "candidates": ["h"], "chunk_bytes": 256, "num_layers": 3}, "num_layers"),
+    ({"keys": ["k"], "candidates": ["h"], "chunk_bytes": 256}, "num_layers"),
 ])
 def test_bad_questions_are_refused_naming_the_field(body, field):
     with pytest.raises(S3Error) as e:
         EstimateRequest.from_json(body).check()
     assert e.value.extra["ArgumentName"] == field
+
+
+def test_the_documented_question_decodes():
+    text = __import__(EstimateRequest.__module__, fromlist=["x"]).__doc__
+    example = text.split("engine)::", 1)[1].split("\n\n", 2)[1].replace('"<chunk key 0>", "<chunk key 1>", ...', '"k0", "k1"')
+    req = EstimateRequest.from_json(json.loads(example)).check()
+    assert (req.chunk_bytes, req.num_layers, req.candidates) == (8388608, 32, ["gpu-7", "gpu-9"])
+
+
+def test_the_readme_json_examples_decode():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Asking a node: `kv-estimate`", 1)[1].split("\n## ", 1)[0]
+    question, answer = re.findall(r"```json\n(.*?)```", section, re.S)
+    req = EstimateRequest.from_json(json.loads(question)).check()
+    assert req.candidates == ["gpu-7", "gpu-9"] and req.chunk_bytes % req.num_layers == 0
+    reply = EstimateReply.from_json(json.loads(answer))
+    assert [link.name for link in reply.candidates[0].links] == ["node-b->node-a", "node-a->gpu-7"]
 
 
 def test_a_path_choice_becomes_a_candidate_estimate_with_its_inputs():

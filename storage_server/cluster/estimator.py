@@ -1,0 +1,165 @@
+"""The delivery-time oracle as a service on a cluster node: ``kv-estimate``, and each kv-get's own prediction.
+
+``kv-estimate`` (:mod:`protocol.estimate`): for the asking tenant's bucket, the leading chunks warm in
+this node's cache (under the bucket's incarnation) and on each live peer (one batched ``peer-lookup``
+under a grant for that tenant and exactly these keys, bounded by ``cluster.lookup_timeout_s``), then
+per candidate host the path :func:`scheduler.paths.choose_path` picks over the view
+:func:`.oracle_view.build_view` draws, as a :class:`~protocol.estimate.CandidateEstimate`. A tenant
+learns only about its own prefixes: another bucket's chunks have other cache ids and peers answer
+under the grant's incarnation only.
+
+Every ``estimate_refresh_s`` the measured rates are folded into their EWMAs: each peer's streams into
+this node (the fetcher's bytes over the time its streams ran) and this node's kv-gets to its engines
+(payload over transfer time). What the links do not explain is learnt as a fixed cost per kind of source
+from each kv-get's first-layer residual. Each kv-get's prediction (:meth:`forecast`) is the same model
+evaluated, with the link picture taken when the kv-get arrived, on the paths its chunks took; the
+metrics compare it with what was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+
+from protocol.cluster import NodeInfo
+from protocol.errors import ErrorCode, S3Error
+from protocol.estimate import EstimateReply, EstimateRequest
+from protocol.wire import Descriptor, TransferStats
+from scheduler.estimate import candidate_estimate
+from scheduler.paths import PathRequest, choose_path, predict
+
+from ..kv_service import Forecast, KVService, TransferInfo
+from ..rpc_server import Reply, RpcCall
+from ..store.s3.buckets import check_key
+from .node import ClusterNode
+from .oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, engine_link, host_of, kind_of, peer_link, taken_plan
+
+log = logging.getLogger("objectcache.cluster")
+
+
+class Estimator:
+    def __init__(self, node: ClusterNode, kv: KVService) -> None:
+        self.node, self.kv, self.cfg = node, kv, node.cfg
+        self.tiers = TierMap.from_config(node.cfg)
+        self.telemetry = Telemetry(node.cfg.rate_ewma_alpha)
+        self.refreshed_at = time.monotonic()
+        self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
+        self.startup_s: dict[str, float] = {}  # learnt fixed cost per source kind (oracle_view.corrected_startup)
+        self.answered = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.kv.observers.append(self._delivered)
+        self.kv.forecaster = self
+        self._task = asyncio.ensure_future(self._refreshing())
+
+    def close(self) -> None:
+        self.kv.forecaster = None
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- telemetry -------------------------------------------------------------------
+    @property
+    def me(self) -> NodeInfo:
+        assert self.node.me is not None, "the cluster node has not started"
+        return self.node.me
+
+    def _delivered(self, info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
+        if outcome == "ok" and stats is not None and stats.total_s > 0:
+            self.delivered[0] += stats.payload_bytes
+            self.delivered[1] += stats.total_s
+        if outcome == "ok" and stats is not None and info.forecast is not None:
+            kind = kind_of(stats.paths)
+            self.startup_s[kind] = corrected_startup(self.startup_s.get(kind, 0.0), stats.setup_s + stats.first_layer_s,
+                                                     info.forecast.first_layer_s, self.cfg.rate_ewma_alpha)
+
+    async def _refreshing(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.estimate_refresh_s)
+            self.refresh()
+
+    def refresh(self) -> None:
+        me = self.me
+        tally = self.node.fetcher.tally if self.node.fetcher is not None else None
+        totals: dict[str, tuple[float, float]] = {engine_link(me.node_id, host_of(me)): (self.delivered[0], self.delivered[1])}
+        if tally is not None:
+            totals |= {peer_link(p, me.node_id): (float(b), tally.wall_s.get(p, 0.0)) for p, b in tally.bytes.items()}
+        self.telemetry.refresh(totals)
+        self.refreshed_at = time.monotonic()
+
+    def load(self) -> NodeLoad:
+        """This node's links now: measured rates, in-flight bytes (kv-gets to its engines, peer streams into it)
+        and the bandwidth pool's capacity for its engine link when the pool is on."""
+        me = self.me
+        eng = engine_link(me.node_id, host_of(me))
+        flows: dict[str, tuple[float, ...]] = {eng: tuple(float(t.descriptor.payload_bytes) for t in list(self.kv.active.values()))}
+        if self.node.fetcher is not None:
+            flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
+        capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
+        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.startup_s))
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        live = self.node.members.live() if self.node.members is not None else []
+        return {n.node_id: n for n in [self.me, *live]}
+
+    # -- kv-estimate -----------------------------------------------------------------
+    async def rpc(self, call: RpcCall) -> Reply:
+        try:
+            body = json.loads(call.body or b"null")
+        except ValueError:
+            raise S3Error(ErrorCode.InvalidRequest, "The kv-estimate body must be a JSON object.") from None
+        req = EstimateRequest.from_json(body).check()
+        reply = await self.estimate(call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", "")), req)
+        return reply.to_json()
+
+    async def estimate(self, tenant: str, bucket: str, request_id: str, req: EstimateRequest) -> EstimateReply:
+        for key in req.keys:
+            check_key(bucket, key)
+        nodes = self.nodes()
+        targets = [resolve(h, nodes) for h in req.candidates]  # unknown hosts refused before any peer is asked
+        chunks = self.node.chunks
+        bucket_id = await chunks.store.bucket_id(bucket)
+        local = next((i for i, k in enumerate(req.keys) if chunks.cached_size(bucket_id, k)[1] is None), len(req.keys))
+        warm = {self.me.node_id: local}
+        if self.node.fetcher is not None and local < len(req.keys):
+            warm |= await self.node.fetcher.warm_on_peers(tenant, bucket, bucket_id, req.keys, request_id)
+        load = self.load()
+        n = len(req.keys)
+        want = PathRequest(n, float(req.chunk_bytes), req.num_layers)
+        answers = []
+        for host, target in zip(req.candidates, targets):
+            # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
+            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
+            view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s)
+            answers.append(candidate_estimate(host, dict(warm), choose_path(want, view), view))
+        self.answered += 1
+        return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
+
+    # -- each kv-get's prediction ----------------------------------------------------------
+    def snapshot(self) -> NodeLoad:
+        return self.load()
+
+    def forecast(self, load: NodeLoad, d: Descriptor, paths: Mapping[str, int]) -> Forecast:
+        """The oracle's prediction for a kv-get whose chunks took ``paths`` (from the link picture at its arrival)."""
+        n, chunk = len(d.chunk_keys), d.chunk_object_bytes
+        warm, plan = taken_plan(self.me.node_id, paths, chunk, n)
+        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s)
+        choice = predict(PathRequest(n, float(chunk), d.num_layers), view, plan)
+        return Forecast(choice.first_layer_s, choice.total_s)
+
+    def status(self) -> dict[str, object]:
+        return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
+                "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
+                "startup_s": {k: round(v, 6) for k, v in self.startup_s.items()}}
+
+
+def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:
+    """The live node a candidate host names (its ``host`` label or node id); InvalidArgument naming ``candidates`` if none."""
+    for node in nodes.values():
+        if host in (node.host, node.node_id):
+            return node
+    raise S3Error(ErrorCode.InvalidArgument, f"candidates: unknown host {host[:80]!r} (neither the host label nor the node id "
+                  "of a live node of this cluster)", extra={"ArgumentName": "candidates", "ArgumentValue": host[:253]})
