@@ -12,6 +12,7 @@ or does not come up, so the benchmark can skip it and say why.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -62,6 +63,11 @@ class Peer:
         self.procs.append(p)
         return p, log
 
+    def unavailable(self, why: str) -> PeerUnavailable:
+        """Stop what was started, then the error to raise."""
+        self.stop()
+        return PeerUnavailable(why)
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -97,10 +103,10 @@ class Mooncake(Peer):
         try:
             import mooncake.store  # noqa: F401  (the Python client the benchmark uses)
         except ImportError as e:
-            raise PeerUnavailable(f"Mooncake Store needs the mooncake-transfer-engine-non-cuda package (pip install '.[peers]'): {e}") from None
+            raise self.unavailable(f"Mooncake Store needs the mooncake-transfer-engine-non-cuda package (pip install '.[peers]'): {e}") from None
         master_bin, client_bin = mooncake_binary("mooncake_master"), mooncake_binary("mooncake_client")
         if not master_bin or not client_bin:
-            raise PeerUnavailable("Mooncake Store's mooncake_master / mooncake_client binaries were not found")
+            raise self.unavailable("Mooncake Store's mooncake_master / mooncake_client binaries were not found")
         rpc, meta, metrics, client = (free_port() for _ in range(4))
         self.master, self.metadata, self.client_address = f"127.0.0.1:{rpc}", f"http://127.0.0.1:{meta}/metadata", f"127.0.0.1:{client}"
         p, log = self.spawn([master_bin, f"--rpc_port={rpc}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=true",
@@ -124,8 +130,10 @@ class Redis(Peer):
 
     def start(self) -> "Redis":
         binary = shutil.which("redis-server")
+        if importlib.util.find_spec("redis") is None:
+            raise self.unavailable("Redis needs the redis package (pip install '.[peers]')")
         if binary is None:
-            raise PeerUnavailable("Redis needs redis-server (Debian package redis-server; `make peers`)")
+            raise self.unavailable("Redis needs redis-server (Debian package redis-server; `make peers`)")
         self.port = free_port()
         p, log = self.spawn([binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
                              "--dir", str(self.root), "--proto-max-bulk-len", "1gb", "--client-output-buffer-limit", "normal 0 0 0"], "redis.log")
@@ -141,10 +149,8 @@ class LMCacheServer(Peer):
     name = "lmcache"
 
     def start(self) -> "LMCacheServer":
-        import importlib.util
-
         if importlib.util.find_spec("lmcache") is None:
-            raise PeerUnavailable("LMCache's server needs the lmcache package (the vllm extra)")
+            raise self.unavailable("LMCache's server needs the lmcache package (the vllm extra)")
         self.port = free_port()
         # Its own modules (lmcache/v1/platform) must not shadow the standard library: run from the temporary directory.
         p, log = self.spawn([sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(self.port), "cpu"], "lmcache.log",

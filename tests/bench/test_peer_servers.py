@@ -12,11 +12,14 @@ from bench.peer_servers import Mooncake, PeerUnavailable, Redis
 
 def test_a_peer_without_its_binary_is_unavailable_with_the_reason(monkeypatch):
     monkeypatch.setattr(peer_servers.shutil, "which", lambda *a, **k: None)
+    redis = Redis()
     with pytest.raises(PeerUnavailable, match="redis-server"):
-        Redis().start()
+        redis.start()
     monkeypatch.setattr(peer_servers, "mooncake_binary", lambda name: None)
+    mooncake = Mooncake()
     with pytest.raises(PeerUnavailable, match="mooncake_master"):
-        Mooncake().start(segment_bytes=1 << 20)
+        mooncake.start(segment_bytes=1 << 20)
+    assert not redis.root.exists() and not mooncake.root.exists()  # nothing left behind
 
 
 def test_a_peer_that_exits_at_start_is_unavailable_with_its_log(monkeypatch, tmp_path):
@@ -24,8 +27,10 @@ def test_a_peer_that_exits_at_start_is_unavailable_with_its_log(monkeypatch, tmp
     fake.write_text("#!/bin/sh\necho 'no such option' >&2\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.setattr(peer_servers.shutil, "which", lambda *a, **k: str(fake))
+    redis = Redis()
     with pytest.raises(PeerUnavailable, match=r"redis-server did not start \(exit 3\): no such option"):
-        Redis().start()
+        redis.start()
+    assert not redis.root.exists()
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (make peers)")
