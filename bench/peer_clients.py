@@ -3,10 +3,14 @@
 Every reader fills ``dest`` (``L·N·S`` bytes, ``[layer][chunk][slice]``) and returns when layer 0 was
 complete, in seconds from its start (None: only at the end):
 
-* **Mooncake** keeps one object per chunk per layer and reads a layer with one ``batch_get_into``
-  straight into ``dest`` (registered memory): same host through the ``mooncake_client`` process's
-  shared memory (a "dummy" client, ``setup_dummy``; its ``dest`` comes from that shared pool) or
-  over the TCP transport (a client with no segment of its own).
+* **Mooncake** keeps one object per chunk (all layers) and reads with ``batch_get_into_multi_buffers``,
+  which puts each chunk's layer slices straight into their slots of ``dest`` (registered memory):
+  same host through the ``mooncake_client`` process's shared memory (a "dummy" client,
+  ``setup_dummy``; its ``dest`` comes from that shared pool; all chunks in one call) or over the TCP
+  transport (a client with no segment of its own; batches of at most ~1k slices). One object per
+  chunk per layer, a layer per ``batch_get_into``, would give layer 0 early but was an order of
+  magnitude slower here (same host, G16×256 ÷16: 0.2 against 2.4 GB/s), so Mooncake is compared
+  at its faster layout; layer 0 is complete with the last chunk.
 * **Redis** keeps one value per chunk per layer and reads a layer with one ``MGET``.
 * **LMCache's server** keeps one object per chunk (all layers, its unit) and answers one ``GET``
   at a time per connection, as its ``lm://`` connector asks; each chunk is scattered into ``dest``,
@@ -25,6 +29,9 @@ import numpy as np
 from client_sdk import KVLayout
 
 from .peer_servers import LMCacheServer, Mooncake, PeerUnavailable, Redis
+
+MOONCAKE_PUT_BATCH = 16
+MOONCAKE_TCP_SLICES = 1024
 
 
 @dataclass
@@ -47,6 +54,9 @@ class Case:
     @property
     def layers(self) -> int:
         return self.layout.num_layers
+
+    def chunk_keys(self) -> list[str]:
+        return [f"{self.tag}/{j}" for j in range(self.n)]
 
     def slice_keys(self, layer: int) -> list[str]:
         return [f"{self.tag}/{layer}/{j}" for j in range(self.n)]
@@ -81,30 +91,32 @@ class MooncakeReader:
                 raise PeerUnavailable("Mooncake's TCP client could not register its destination buffer")
 
     def load(self, case: Case) -> None:
-        """Every chunk's layer slices as objects (``{tag}/{layer}/{chunk}``), from registered memory."""
+        """Every chunk as one object (``{tag}/{chunk}``, all layers), from registered memory."""
         src = case.chunks
         if self.store.register_buffer(_address(src), src.nbytes) != 0:
             raise RuntimeError("Mooncake: could not register the source chunks")
         try:
-            row = case.layers * case.s
-            for layer in range(case.layers):
-                ptrs = [_address(src) + j * row + layer * case.s for j in range(case.n)]
-                codes = self.store.batch_put_from(case.slice_keys(layer), ptrs, [case.s] * case.n)
+            keys = case.chunk_keys()
+            for first in range(0, case.n, MOONCAKE_PUT_BATCH):
+                js = range(first, min(first + MOONCAKE_PUT_BATCH, case.n))
+                codes = self.store.batch_put_from([keys[j] for j in js], [_address(src[j]) for j in js], [src.shape[1]] * len(js))
                 if any(c != 0 for c in codes):
                     raise RuntimeError(f"Mooncake put failed: {sorted(set(codes))} (is the segment large enough?)")
         finally:
             self.store.unregister_buffer(_address(src))
 
-    def read(self, case: Case, dest: np.ndarray) -> float:
-        t, first, base, layer_bytes = time.perf_counter(), 0.0, _address(dest), case.n * case.s
-        for layer in range(case.layers):
-            ptrs = [base + layer * layer_bytes + j * case.s for j in range(case.n)]
-            got = self.store.batch_get_into(case.slice_keys(layer), ptrs, [case.s] * case.n)
-            if any(g != case.s for g in got):
-                raise RuntimeError(f"Mooncake batch_get_into returned {sorted(set(got))}, not {case.s} bytes each")
-            if layer == 0:
-                first = time.perf_counter() - t
-        return first
+    def read(self, case: Case, dest: np.ndarray) -> float | None:
+        """``batch_get_into_multi_buffers``: each chunk's layer slices straight into their slots of ``dest``."""
+        keys, base, layer_bytes = case.chunk_keys(), _address(dest), case.n * case.s
+        # TCP: at most ~1k slices in flight per batch (its lanes' queues refuse more and the get fails with -800).
+        step = case.n if self.same_host else max(1, MOONCAKE_TCP_SLICES // case.layers)
+        for first in range(0, case.n, step):
+            js = range(first, min(first + step, case.n))
+            ptrs = [[base + layer * layer_bytes + j * case.s for layer in range(case.layers)] for j in js]
+            got = self.store.batch_get_into_multi_buffers([keys[j] for j in js], ptrs, [[case.s] * case.layers] * len(js))
+            if any(g != case.layers * case.s for g in got):
+                raise RuntimeError(f"Mooncake batch_get_into_multi_buffers returned {sorted(set(got))}, not {case.layers * case.s} bytes each")
+        return None  # one object per chunk: layer 0 is complete with the last chunk
 
     def clear(self) -> None:
         self.store.remove_all(force=True)  # nothing reads them any more: no need to wait out their leases
