@@ -17,7 +17,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 AWS_STAMP := $(AWS_VENV)/.installed
 
-.PHONY: serve test bench lint clean venv aws rclone s3cmd install peers
+.PHONY: serve test test-quick bench lint clean venv aws rclone s3cmd install peers
 
 venv: $(STAMP)
 aws: $(AWS_STAMP)
@@ -92,6 +92,12 @@ serve: $(STAMP) $(AWS_STAMP)
 
 test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd peers
 	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
+
+# A developer's quick subset (a minute or two): the protocol, the pure policies, the package boundaries and
+# the routing table, no server processes. `make test` before pushing.
+QUICK_TESTS ?= tests/protocol tests/scheduler tests/test_architecture.py tests/gateway/test_routing.py tests/gateway/test_sigv4_vectors.py tests/storage_server/test_plan.py
+test-quick: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q $(QUICK_TESTS) $(ARGS)
 
 bench: $(BENCH_STAMP) peers
 	$(BIN)/objectcache bench $(ARGS)
