@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import capacity, faults, s3ops, sched, trace, transfer, ttft, wire
+from . import capacity, evict, faults, s3ops, sched, trace, transfer, ttft, wire
 
-MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, evict]
 
 
 def main(argv: list[str]) -> int:

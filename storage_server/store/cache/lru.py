@@ -28,8 +28,8 @@ class LruPolicy:
     def size(self, key: str) -> int | None:
         return self._sizes.get(key)
 
-    def add(self, key: str, size: int) -> None:
-        """A new entry, newest (replacing one of the same key)."""
+    def add(self, key: str, size: int, parent: str | None = None) -> None:
+        """A new entry, newest (replacing one of the same key); LRU has no use for its ``parent`` in the chain."""
         self.remove(key)
         self._sizes[key] = size
         self.used += size

@@ -1,0 +1,63 @@
+"""``objectcache bench evict TRACE…``: every eviction policy and the Belady bound replayed offline on Mooncake-format traces.
+
+Caches of ``--cache-fraction`` of each trace's working set (distinct 512-token blocks);
+per policy the token hit ratio, its share of Belady's, how much of the LRU→Belady gap
+it closes, and the KV bytes fetched (missed tokens × ``--bytes-per-token``, which a
+node fetches from its upstream or an engine recomputes). Pure replay (see
+:mod:`bench.evict_sim`): seconds per trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from storage_server.store.cache.policy import DEFAULT_POLICY, POLICIES
+
+from .evict_sim import load, replay, working_set
+from .harness import add_bench_parser, finish, print_table
+from .trace import SAMPLE, _display_path
+
+FRACTIONS = (0.05, 0.10, 0.20)
+# Llama-3-8B in fp16: 32 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes.
+BYTES_PER_TOKEN = 131072
+
+
+def run(args: argparse.Namespace) -> dict:
+    rows: list[dict] = []
+    traces = [str(SAMPLE)] if not args.trace else args.trace
+    names = ["belady", *POLICIES]
+    for file in traces:
+        trace = load(Path(file))
+        if args.quick:
+            trace = trace[:60]
+        blocks = working_set(trace)
+        print(f"\n{_display_path(file)}: {len(trace)} requests, working set {blocks} blocks")
+        table = []
+        for fraction in args.cache_fraction:
+            got = {name: replay(trace, name, fraction) for name in names}
+            lru, best = got["lru"].token_hit_ratio, got["belady"].token_hit_ratio
+            for name in names:
+                r = got[name]
+                gap = (r.token_hit_ratio - lru) / (best - lru) if best > lru else None
+                row = {"trace": _display_path(file), "policy": name, "cache_fraction": fraction, "capacity_blocks": r.capacity_blocks,
+                       "token_hit_ratio": round(r.token_hit_ratio, 6),
+                       "share_of_belady": round(r.token_hit_ratio / best, 4) if best else None,
+                       "lru_gap_closed": None if gap is None else round(gap, 4),
+                       "bytes_fetched": r.missed_tokens * args.bytes_per_token, "evictions": r.evictions}
+                rows.append(row)
+                table.append([f"{fraction:.0%}", name, f"{r.token_hit_ratio:.4f}", "-" if not best else f"{r.token_hit_ratio / best:.0%}",
+                              "-" if gap is None or name in ("lru", "belady") else f"{gap:.0%}",
+                              f"{row['bytes_fetched'] / 1e9:.1f}"])
+        print_table(["cache", "policy", "token hit ratio", "of Belady", "LRU→Belady gap closed", "GB fetched"], table)
+    result = {"bench": "evict", "default_policy": DEFAULT_POLICY, "block_tokens": 512, "bytes_per_token": args.bytes_per_token,
+              "policies": names, "rows": rows}
+    return finish(args, result)
+
+
+def add_parser(sub) -> None:
+    p = add_bench_parser(sub, "evict", "replay Mooncake-format traces through every eviction policy and the Belady bound", run)
+    p.add_argument("trace", nargs="*", help="trace files (default: the bundled 200-request sample)")
+    p.add_argument("--cache-fraction", type=float, nargs="+", default=list(FRACTIONS),
+                   help="cache sizes as fractions of each trace's working set (default: 0.05 0.1 0.2)")
+    p.add_argument("--bytes-per-token", type=int, default=BYTES_PER_TOKEN, help="KV bytes per token for 'GB fetched' (Llama-3-8B fp16)")
