@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .cache.tenants import TenantLedger
 from .mapped_files import MappedSlot
 
 
@@ -59,6 +60,8 @@ class PinnedChunks:
 class ChunkSource(abc.ABC):
     """Immutable KV chunk objects of one store, as the descriptor executor needs them."""
 
+    ledger: TenantLedger | None = None  # per-tenant bounds and counts of the chunks this node keeps
+
     @abc.abstractmethod
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
         """How many leading ``keys`` are stored (NoSuchBucket if the bucket is missing)."""
@@ -68,8 +71,14 @@ class ChunkSource(abc.ABC):
         """Store immutable chunks durably (an identical re-put is a no-op, different bytes are refused); their ETags."""
 
     @abc.abstractmethod
-    async def pin(self, bucket: str, keys: list[str]) -> PinnedChunks:
-        """Pin every key's chunk for reading, all or none; NoSuchKey names the first missing key."""
+    async def pin(self, bucket: str, keys: list[str], tenant: str = "") -> PinnedChunks:
+        """Pin every key's chunk for reading (chunks fetched for it count as ``tenant``'s), all or none; NoSuchKey names
+        the first missing key."""
+
+    def looked_up(self, tenant: str, found: int, asked: int) -> None:
+        """A kv-lookup of ``tenant`` found ``found`` of ``asked`` leading chunks (per-tenant hit counts)."""
+        if self.ledger is not None:
+            self.ledger.looked_up(tenant, found, asked)
 
     async def housekeeping(self) -> dict[str, int]:
         """Periodic clean-up (idle handles of deleted chunks, …); returns counts worth logging."""

@@ -47,6 +47,7 @@ class _Node:
     size: int
     parent: str | None
     depth: int
+    tenant: str = ""
     hits: int = 0
     lineage: int = 0  # how many requests the prefix above it served when it was linked
     prio: float = 0.0
@@ -64,6 +65,8 @@ class PrefixTreePolicy:
         self.hit_weight, self.lineage_weight, self.attention_share = hit_weight, lineage_weight, attention_share
         self._ghosts: OrderedDict[str, int] = OrderedDict()  # evicted key -> its hits (oldest first)
         self.ghost_ratio = ghosts
+        self._waiting: dict[str, list[str]] = {}  # parent not cached yet -> children added before it (a put's reversed order)
+        self._tenant_used: dict[str, int] = {}
         self.used = 0
 
     def __contains__(self, key: str) -> bool:
@@ -94,18 +97,35 @@ class PrefixTreePolicy:
             up.children.add(key)
             node.depth = up.depth + 1
 
-    def add(self, key: str, size: int, parent: str | None = None) -> None:
-        """A newly stored chunk, the child of ``parent`` (the chunk before it in its chain) if that is cached."""
+    def add(self, key: str, size: int, parent: str | None = None, tenant: str = "") -> None:
+        """A newly stored chunk of ``tenant``, the child of ``parent`` (the chunk before it in its chain; linked once both are cached)."""
         self.remove(key)
-        node = _Node(size=size, parent=None, depth=0)
+        node = _Node(size=size, parent=None, depth=0, tenant=tenant)
+        if tenant:
+            self._tenant_used[tenant] = self._tenant_used.get(tenant, 0) + size
         self._nodes[key] = node
         seen = self._ghosts.pop(key, None)
         if seen is not None:  # stored before, evicted, and asked for again: it is reused
             node.hits = seen + 1
         self.used += size
         self.clock += size
+        if parent is not None and parent not in self._nodes:
+            if len(self._waiting) > len(self._nodes) + 64:
+                self._waiting.clear()  # hints only: lost ones are learnt again from the next read of the chain
+            self._waiting.setdefault(parent, []).append(key)
         self._link(key, node, parent)
+        for child in self._waiting.pop(key, ()):
+            below = self._nodes.get(child)
+            if below is not None:
+                self._link(child, below, key)
         self._reprice(key, node)
+
+    def tenant_used(self, tenant: str) -> int:
+        return self._tenant_used.get(tenant, 0)
+
+    def tenant_of(self, key: str) -> str:
+        node = self._nodes.get(key)
+        return "" if node is None else node.tenant
 
     def touch_chain(self, keys: Iterable[str]) -> None:
         """``keys`` in prefix order served one request: each cached one gains a hit (and learns its parent)."""
@@ -143,6 +163,8 @@ class PrefixTreePolicy:
         if node is None:
             return 0
         self.used -= node.size
+        if node.tenant:
+            self._tenant_used[node.tenant] -= node.size
         self._ghosts[key] = node.hits
         while len(self._ghosts) > self.ghost_ratio * len(self._nodes) + 64:
             self._ghosts.popitem(last=False)
@@ -159,8 +181,9 @@ class PrefixTreePolicy:
         node = self._nodes.get(key)
         return node is not None and node.prio == prio and not node.children
 
-    def victims(self, need: int, partial: bool = False) -> list[str] | None:
-        """Unpinned leaves, least valuable first (a parent becomes a leaf once its children are chosen), adding up to ``need``.
+    def victims(self, need: int, partial: bool = False, tenant: str | None = None) -> list[str] | None:
+        """Unpinned leaves (of ``tenant`` only, if given), least valuable first (a parent becomes a leaf once its children are chosen), adding up to ``need``;
+        if those are not enough (a pinned tail holds its prefix), other unpinned chunks after them.
 
         If even all of them are not enough: None, or with ``partial`` all of them. Nothing changes until the caller removes them.
         """
@@ -179,12 +202,14 @@ class PrefixTreePolicy:
                     continue
                 taken.append(entry)
             key = entry[2]
-            if key in self._pins or key in chosen:
+            if key in chosen:
                 continue
             chosen.add(key)
             node = self._nodes[key]
-            out.append(key)
-            freed += node.size
+            if key not in self._pins and (tenant is None or node.tenant == tenant):
+                out.append(key)
+                freed += node.size
+            # A pinned leaf stays, but does not shield its prefix: the parent becomes a candidate in its turn.
             up = node.parent
             if up is not None:
                 gone[up] = gone.get(up, 0) + 1
@@ -193,6 +218,15 @@ class PrefixTreePolicy:
                     heapq.heappush(local, (parent.prio, next(self._seq), up))
         for entry in taken:
             heapq.heappush(self._heap, entry)
+        if freed < need:  # only chunks above pinned ones are left: the bound still holds, so they go too, least valuable first
+            taken_keys = set(out)
+            rest = sorted((n.prio, k) for k, n in self._nodes.items()
+                          if k not in taken_keys and k not in self._pins and (tenant is None or n.tenant == tenant))
+            for _, key in rest:
+                if freed >= need:
+                    break
+                out.append(key)
+                freed += self._nodes[key].size
         if len(self._heap) > 4 * len(self._nodes) + 64:
             self._heap = [e for e in self._heap if self._valid(e[0], e[2])]
             heapq.heapify(self._heap)
