@@ -49,13 +49,15 @@ def working_set(trace: list[Request]) -> int:
 
 
 class BeladyPolicy:
-    """The offline optimum's choice: the unpinned block used farthest in the future goes first."""
+    """The offline optimum's choice: the unpinned block used farthest in the future goes first; among blocks next used
+    by the same request (a chain), the deepest first, since a lookup only counts a chain's leading blocks."""
 
     def __init__(self) -> None:
         self._sizes: dict[str, int] = {}
         self._next: dict[str, float] = {}
         self._pins: dict[str, int] = {}
-        self._heap: list[tuple[float, str]] = []  # (-next use, key); stale entries skipped
+        self._depth: dict[str, int] = {}
+        self._heap: list[tuple[float, int, str]] = []  # (-next use, -depth, key); stale entries skipped
         self.used = 0
 
     def __contains__(self, key: str) -> bool:
@@ -67,16 +69,16 @@ class BeladyPolicy:
     def size(self, key: str) -> int | None:
         return self._sizes.get(key)
 
-    def next_use(self, key: str, when: float) -> None:
-        self._next[key] = when
+    def next_use(self, key: str, when: float, depth: int) -> None:
+        self._next[key], self._depth[key] = when, depth
         if key in self._sizes:
-            heapq.heappush(self._heap, (-when, key))
+            heapq.heappush(self._heap, (-when, -depth, key))
 
     def add(self, key: str, size: int, parent: str | None = None) -> None:
         self.remove(key)
         self._sizes[key] = size
         self.used += size
-        heapq.heappush(self._heap, (-self._next.get(key, NEVER), key))
+        heapq.heappush(self._heap, (-self._next.get(key, NEVER), -self._depth.get(key, 0), key))
 
     def touch_chain(self, keys: Iterable[str]) -> None:
         pass
@@ -107,13 +109,14 @@ class BeladyPolicy:
 
     def victims(self, need: int, partial: bool = False) -> list[str] | None:
         out: list[str] = []
-        back: list[tuple[float, str]] = []
+        back: list[tuple[float, int, str]] = []
         freed = 0
         while freed < need and self._heap:
-            neg, key = heapq.heappop(self._heap)
+            entry = heapq.heappop(self._heap)
+            neg, _, key = entry
             if key not in self._sizes or -neg != self._next.get(key, NEVER) or key in out:
                 continue
-            back.append((neg, key))
+            back.append(entry)
             if key in self._pins:
                 continue
             out.append(key)
@@ -156,8 +159,8 @@ def replay(trace: list[Request], policy_name: str, fraction: float, policy: Evic
     for i, req in enumerate(trace):
         keys = [str(b) for b in req.blocks]
         if nexts is not None:
-            for key, when in zip(keys, nexts[i]):
-                pol.next_use(key, when)  # type: ignore[attr-defined]
+            for depth, (key, when) in enumerate(zip(keys, nexts[i])):
+                pol.next_use(key, when, depth)  # type: ignore[attr-defined]
         hit = 0
         while hit < len(keys) and keys[hit] in pol:
             hit += 1
