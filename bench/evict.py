@@ -15,7 +15,7 @@ from pathlib import Path
 from storage_server.store.cache.policy import DEFAULT_POLICY, POLICIES
 
 from .evict_sim import load, replay, working_set
-from .harness import add_bench_parser, finish, print_table
+from .harness import add_bench_parser, finish, grouped_bars, print_table
 from .trace import SAMPLE, _display_path
 
 FRACTIONS = (0.05, 0.10, 0.20)
@@ -52,7 +52,22 @@ def run(args: argparse.Namespace) -> dict:
         print_table(["cache", "policy", "token hit ratio", "of Belady", "LRU→Belady gap closed", "GB fetched"], table)
     result = {"bench": "evict", "default_policy": DEFAULT_POLICY, "block_tokens": 512, "bytes_per_token": args.bytes_per_token,
               "policies": names, "rows": rows}
-    return finish(args, result)
+    return finish(args, result, plot)
+
+
+def plot(result: dict, fig) -> None:
+    """Token hit ratio per cache size, one bar per policy, one panel per trace."""
+    traces = list(dict.fromkeys(r["trace"] for r in result["rows"]))
+    for i, trace in enumerate(traces):
+        ax = fig.add_subplot(1, len(traces), i + 1)
+        rows = [r for r in result["rows"] if r["trace"] == trace]
+        fractions = list(dict.fromkeys(r["cache_fraction"] for r in rows))
+        series = {p: [next(r["token_hit_ratio"] for r in rows if r["policy"] == p and r["cache_fraction"] == f) for f in fractions]
+                  for p in result["policies"]}
+        grouped_bars(ax, [f"{f:.0%} of working set" for f in fractions], series, rotation=0)
+        ax.set_title(Path(trace).name, fontsize=9)
+        ax.set_ylabel("token hit ratio")
+        ax.legend()
 
 
 def add_parser(sub) -> None:
