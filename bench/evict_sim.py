@@ -2,8 +2,8 @@
 
 Each request's ``hash_ids`` are 512-token blocks (equal ids = shared prefix). A request
 hits its longest cached leading run (those blocks are pinned and touched as one chain,
-as a kv-get does), then stores what it missed, evicting what the policy picks (never a
-block of the request itself). Belady evicts the block whose next use lies farthest in
+as a kv-get does), then stores what it missed as a kv-put does (head last), evicting what
+the policy picks (never a block of the request itself). Belady evicts the block whose next use lies farthest in
 the future (it knows the trace); it is the offline bound the policies are measured
 against. Pure and in memory: a public trace replays in seconds.
 """
@@ -74,7 +74,17 @@ class BeladyPolicy:
         if key in self._sizes:
             heapq.heappush(self._heap, (-when, -depth, key))
 
-    def add(self, key: str, size: int, parent: str | None = None) -> None:
+    def add_chain(self, items: list[tuple[str, int]], parent: str | None = None, tenant: str = "") -> None:
+        for key, size in items:
+            self.add(key, size)
+
+    def tenant_used(self, tenant: str) -> int:
+        return 0
+
+    def tenant_of(self, key: str) -> str:
+        return ""
+
+    def add(self, key: str, size: int, parent: str | None = None, tenant: str = "") -> None:
         self.remove(key)
         self._sizes[key] = size
         self.used += size
@@ -107,22 +117,27 @@ class BeladyPolicy:
         self.used -= size
         return size
 
-    def victims(self, need: int, partial: bool = False) -> list[str] | None:
+    def victims(self, need: int, partial: bool = False, tenant: str | None = None) -> list[str] | None:
         out: list[str] = []
         back: list[tuple[float, int, str]] = []
+        chosen: set[str] = set()
         freed = 0
         while freed < need and self._heap:
             entry = heapq.heappop(self._heap)
             neg, _, key = entry
-            if key not in self._sizes or -neg != self._next.get(key, NEVER) or key in out:
+            if key not in self._sizes or -neg != self._next.get(key, NEVER) or key in chosen:
                 continue
             back.append(entry)
+            chosen.add(key)
             if key in self._pins:
                 continue
             out.append(key)
             freed += self._sizes[key]
         for entry in back:
             heapq.heappush(self._heap, entry)
+        if len(self._heap) > 4 * len(self._sizes) + 64:  # drop stale entries
+            self._heap = [e for e in self._heap if e[2] in self._sizes and -e[0] == self._next.get(e[2], NEVER)]
+            heapq.heapify(self._heap)
         return out if freed >= need or partial else None
 
 
@@ -135,6 +150,17 @@ def _next_uses(trace: list[Request]) -> list[list[float]]:
         out[i] = [later.get(b, NEVER) for b in blocks]
         for b in blocks:
             later[b] = i
+    return out
+
+
+def _runs(positions: list[int]) -> list[list[int]]:
+    """Consecutive positions grouped: each group is one chain below the block before it."""
+    out: list[list[int]] = []
+    for j in positions:
+        if out and out[-1][-1] == j - 1:
+            out[-1].append(j)
+        else:
+            out.append([j])
     return out
 
 
@@ -166,17 +192,15 @@ def replay(trace: list[Request], policy_name: str, fraction: float, policy: Evic
             hit += 1
         pol.pin(keys)
         pol.touch_chain(keys[:hit])
-        for j in range(hit, len(keys)):
-            if keys[j] in pol:
-                continue
-            need = pol.used + 1 - capacity
-            victims = pol.victims(need) if need > 0 else []
-            if victims is None:
-                break  # the rest of this request does not fit beside its own pinned blocks
-            for v in victims:
-                pol.remove(v)
-            evictions += len(victims)
-            pol.add(keys[j], 1, keys[j - 1] if j else None)
+        missing = [j for j in range(hit, len(keys)) if keys[j] not in pol]
+        need = pol.used + len(missing) - capacity
+        victims = (pol.victims(need, partial=True) or []) if need > 0 else []
+        for v in victims:
+            pol.remove(v)
+        evictions += len(victims)
+        missing = missing[:capacity - pol.used]  # what does not fit beside the request's own pinned blocks is not stored
+        for run in _runs(missing):  # as a kv-put stores them, one chain at a time
+            pol.add_chain([(keys[j], 1) for j in run], keys[run[0] - 1] if run[0] else None)
         pol.unpin(keys)
         hit_tokens += min(hit * BLOCK_TOKENS, req.input_length)
         total += req.input_length

@@ -87,5 +87,9 @@ class ChunkSource(abc.ABC):
     def status(self) -> dict[str, object]:
         return {}
 
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        """Per tenant: chunk bytes held, its bound, hits, misses, evictions, eviction-to-reuse gap (see ``TenantLedger``)."""
+        return {}
+
     async def close(self) -> None:
         """Release every handle (pinned chunks must have been released)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
-from support import ServerProcess, boto_client, make_tenants, write_config
+from metricsupport import scrape, value
+from support import ServerProcess, boto_client, free_port, make_tenants, write_config
 
 LAYOUT = tiny_layout(16, num_layers=8)  # a chunk is 256 bytes
 C = LAYOUT.chunk_bytes
@@ -25,18 +26,19 @@ BATCHES = 8  # Alice's flood: 8 puts of 8 chunks = four times the node's bound
 def _node(tmp_path: Path, policy: str, quota_chunks: int):
     people = {t.name: t for t in make_tenants("alice", "bob")}
     sock = tmp_path / "ss.sock"
+    port = free_port()
     config = write_config(tmp_path / "c.toml", tmp_path / "data", list(people.values()),
                           extra=f'\n[cache]\nmax_bytes = {NODE_CHUNKS * C}\npolicy = "{policy}"\n'
                                 f"tenant_max_bytes = {quota_chunks * C}\n"
-                                f'[storage_server]\nsocket = "{sock}"\n')
-    return ServerProcess(config).start(), people, str(sock)
+                                f'[storage_server]\nsocket = "{sock}"\n[metrics]\nstorage_server_port = {port}\n')
+    return ServerProcess(config).start(), people, str(sock), port
 
 
 async def _put(c, keys: list[str], seed: int) -> None:
     assert await c.put_chunks(keys, make_chunks(LAYOUT, len(keys), seed=seed), LAYOUT) == len(keys)
 
 
-async def _scenario(proc, people, sock: str, quota: int) -> None:
+async def _scenario(proc, people, sock: str, port: int, quota: int) -> None:
     batches = [keys_for(LAYOUT, 8, f"one-off-{b}") for b in range(BATCHES)]
     prefix = keys_for(LAYOUT, 6, "system-prompt")
     async with client(proc, people["alice"], "flood") as alice, client(proc, people["bob"], "warm") as bob:
@@ -55,6 +57,11 @@ async def _scenario(proc, people, sock: str, quota: int) -> None:
                                   "evicted_bytes": 0, "reused_after_eviction": 0, "reuse_gap_bytes": 0}
         assert tenants["alice"]["bytes"] == QUOTA_CHUNKS * C
         assert tenants["alice"]["evictions"] == (BATCHES - 1) * 8 and tenants["alice"]["evicted_bytes"] == (BATCHES - 1) * 8 * C
+        samples = scrape(port)  # the same counts as Prometheus series
+        assert value(samples, "objectcache_cache_tenant_hits_total", tenant="bob") == 12
+        assert value(samples, "objectcache_cache_tenant_misses_total", tenant="bob") == 6
+        assert value(samples, "objectcache_cache_tenant_evictions_total", tenant="alice") == (BATCHES - 1) * 8
+        assert value(samples, "objectcache_cache_tenant_bytes", tenant="alice") == QUOTA_CHUNKS * C
         # Alice's first batch (evicted when her second one was stored) is stored again: eight reuses after eviction,
         # each gap the bytes the node stored between its eviction and its return.
         await _put(alice, batches[0], seed=10)
@@ -68,10 +75,10 @@ async def _scenario(proc, people, sock: str, quota: int) -> None:
 @pytest.mark.parametrize(("policy", "quota"), [("lru", QUOTA_CHUNKS), ("prefix", QUOTA_CHUNKS), ("prefix", 0)],
                          ids=["lru", "prefix", "prefix-no-quota-control"])
 def test_a_flooding_tenant_evicts_its_own_chunks_and_the_other_keeps_its_warm_prefix(tmp_path: Path, policy: str, quota: int):
-    proc, people, sock = _node(tmp_path, policy, quota)
+    proc, people, sock, port = _node(tmp_path, policy, quota)
     try:
         boto_client(proc.endpoint, people["alice"]).create_bucket(Bucket="flood")
         boto_client(proc.endpoint, people["bob"]).create_bucket(Bucket="warm")
-        run(_scenario(proc, people, sock, quota))
+        run(_scenario(proc, people, sock, port, quota))
     finally:
         proc.stop()

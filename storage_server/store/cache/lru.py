@@ -39,6 +39,11 @@ class LruPolicy:
             self._tenants[key] = tenant
             self._tenant_used[tenant] = self._tenant_used.get(tenant, 0) + size
 
+    def add_chain(self, items: list[tuple[str, int]], parent: str | None = None, tenant: str = "") -> None:
+        """Newly stored chunks of one chain, head first: added tail first, so the head is the newest."""
+        for key, size in reversed(items):
+            self.add(key, size, None, tenant)
+
     def tenant_used(self, tenant: str) -> int:
         return self._tenant_used.get(tenant, 0)
 

@@ -87,15 +87,27 @@ class PrefixTreePolicy:
         if not node.children:
             heapq.heappush(self._heap, (node.prio, next(self._seq), key))
 
+    def _above(self, key: str, start: str) -> bool:
+        """Whether ``key`` is ``start`` or one of its ancestors."""
+        cur: str | None = start
+        while cur is not None:
+            if cur == key:
+                return True
+            cur = self._nodes[cur].parent
+        return False
+
     def _link(self, key: str, node: _Node, parent: str | None) -> None:
-        if parent is not None and parent in self._nodes and node.parent is None and parent != key:
-            node.parent = parent
-            up = self._nodes[parent]
-            # Extending a leaf continues that chain (the next turn of a conversation): it inherits how
-            # often the chain was used; branching off a shared root inherits nothing.
-            node.lineage = 0 if up.children else max(up.hits, up.lineage)
-            up.children.add(key)
-            node.depth = up.depth + 1
+        if parent is None or parent not in self._nodes or node.parent is not None:
+            return
+        if parent == key or (node.children and self._above(key, parent)):
+            return  # keys that claim to be their own prefix: never a cycle (only a chunk with children can close one)
+        node.parent = parent
+        up = self._nodes[parent]
+        # Extending a leaf continues that chain (the next turn of a conversation): it inherits how
+        # often the chain was used; branching off a shared root inherits nothing.
+        node.lineage = 0 if up.children else max(up.hits, up.lineage)
+        up.children.add(key)
+        node.depth = up.depth + 1
 
     def add(self, key: str, size: int, parent: str | None = None, tenant: str = "") -> None:
         """A newly stored chunk of ``tenant``, the child of ``parent`` (the chunk before it in its chain; linked once both are cached)."""
@@ -114,11 +126,34 @@ class PrefixTreePolicy:
                 self._waiting.clear()  # hints only: lost ones are learnt again from the next read of the chain
             self._waiting.setdefault(parent, []).append(key)
         self._link(key, node, parent)
-        for child in self._waiting.pop(key, ()):
+        self._reprice(key, node)
+        waiting = self._waiting.pop(key, ())
+        for child in waiting:
             below = self._nodes.get(child)
             if below is not None:
                 self._link(child, below, key)
-        self._reprice(key, node)
+        if node.parent is not None or waiting:
+            self._descend(key)
+
+    def add_chain(self, items: list[tuple[str, int]], parent: str | None = None, tenant: str = "") -> None:
+        """Newly stored chunks of one chain, head first, below ``parent`` (cached or not)."""
+        for key, size in items:
+            self.add(key, size, parent, tenant)
+            parent = key
+
+    def _descend(self, key: str) -> None:
+        """After ``key`` was linked above chunks stored before it (a put's reversed order): their depth and lineage."""
+        stack, seen = [key], {key}
+        while stack:
+            up = self._nodes[stack.pop()]
+            for child in up.children:
+                below = self._nodes[child]
+                lineage = 0 if len(up.children) > 1 else max(up.hits, up.lineage)
+                if child not in seen and (below.depth != up.depth + 1 or below.lineage != lineage):
+                    seen.add(child)
+                    below.depth, below.lineage = up.depth + 1, lineage
+                    self._reprice(child, below)
+                    stack.append(child)
 
     def tenant_used(self, tenant: str) -> int:
         return self._tenant_used.get(tenant, 0)

@@ -96,7 +96,7 @@ class TenantLedger:
     def status(self, used: dict[str, int]) -> dict[str, dict[str, int]]:
         """Per tenant: bytes held, its bound, and the counts."""
         out = {}
-        for tenant, c in sorted(self.counts.items()):
+        for tenant, c in sorted(list(self.counts.items())):  # list(): one step, also read from the metrics thread
             if tenant:
                 out[tenant] = {"bytes": used.get(tenant, 0), "max_bytes": self.quotas.of(tenant), **asdict(c)}
         return out

@@ -79,10 +79,9 @@ class LocalDiskChunkSource(ChunkSource):
 
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
         metas = await self.store.put_many(bucket, [(key, data, CHUNK_SPEC) for key, data in items], owner)
-        names = [_name(bucket, m.key, m.locator) for m in metas]
-        for i in reversed(range(len(metas))):  # the head of the prefix is added last: the newest
-            self.policy.add(names[i], metas[i].size, names[i - 1] if i else None, owner)
-            self.ledger.stored(owner, f"{bucket}\0{metas[i].key}", metas[i].size)
+        self.policy.add_chain([(_name(bucket, m.key, m.locator), m.size) for m in metas], None, owner)
+        for m in metas:
+            self.ledger.stored(owner, f"{bucket}\0{m.key}", m.size)
         await self._trim()
         return [m.etag for m in metas]
 
@@ -159,7 +158,10 @@ class LocalDiskChunkSource(ChunkSource):
         return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
                 "chunk_bytes": {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy),
                                 "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted},
-                "cache_tenants": self.ledger.status({t: self.policy.tenant_used(t) for t in self.ledger.tenants()})}
+                "cache_tenants": self.tenant_status()}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        return self.ledger.status({t: self.policy.tenant_used(t) for t in self.ledger.tenants()})
 
     async def close(self) -> None:
         if self._trimming is not None:

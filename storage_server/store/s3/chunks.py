@@ -257,7 +257,10 @@ class S3ChunkSource(ChunkSource):
 
     def status(self) -> dict[str, object]:
         return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated},
-                "cache_tenants": self.files.tenant_status()}
+                "cache_tenants": self.tenant_status()}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        return self.files.tenant_status()
 
     async def close(self) -> None:
         if self._invalidate in self.store.listeners:

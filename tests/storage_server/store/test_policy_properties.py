@@ -15,6 +15,8 @@ TENANTS = ["", "a", "b"]
 
 op = st.one_of(
     st.tuples(st.just("add"), st.sampled_from(KEYS), st.integers(1, 5), st.sampled_from([None, *KEYS]), st.sampled_from(TENANTS)),
+    st.tuples(st.just("chain"), st.lists(st.sampled_from(KEYS), max_size=5, unique=True), st.integers(1, 5),
+              st.sampled_from([None, *KEYS]), st.sampled_from(TENANTS)),
     st.tuples(st.just("touch"), st.lists(st.sampled_from(KEYS), max_size=5)),
     st.tuples(st.just("pin"), st.lists(st.sampled_from(KEYS), max_size=4)),
     st.tuples(st.just("unpin"), st.lists(st.sampled_from(KEYS), max_size=4)),
@@ -36,6 +38,11 @@ def test_pinned_chunks_are_never_evicted_and_victims_are_exact(name: str, ops: l
             _, key, size, parent, tenant = o
             policy.add(key, size, parent, tenant)
             sizes[key], owners[key] = size, tenant
+        elif o[0] == "chain":
+            _, keys, size, parent, tenant = o
+            policy.add_chain([(k, size) for k in keys], parent, tenant)
+            for k in keys:
+                sizes[k], owners[k] = size, tenant
         elif o[0] == "touch":
             policy.touch_chain(o[1])
         elif o[0] == "pin":
