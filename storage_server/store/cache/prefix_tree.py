@@ -17,9 +17,11 @@ list), ``lineage`` how often the chain it *extends* was used when it was stored 
 turn of a conversation continues its own prefix and is likely to be continued again; a
 tail branching off a shared root inherits nothing), and depth the extra attention a deeper
 chunk costs to recompute. A stored, never reused chunk (a one-off tail) has worth 0 and
-goes first among its age, which acts as the admission rule. Chunks are counted in bytes,
-so a larger chunk ages the clock more.
-Pinned chunks (held by a transfer) are never chosen.
+goes first among its age, which acts as the admission rule. The bytes a chunk saves and its
+recompute time both grow with its tokens, so per cached byte only the depth term differs.
+Pinned chunks (held by a transfer) are never chosen; a pinned leaf does not shield the
+unpinned chunks above it. Parents are learnt from stored chains (``add_chain``, or ``add``
+with a ``parent`` hint in any order) and from every chain a kv-get touches.
 """
 
 from __future__ import annotations
