@@ -15,7 +15,7 @@ from pathlib import Path
 from storage_server.store.cache.policy import DEFAULT_POLICY, POLICIES
 
 from .evict_sim import load, replay, working_set
-from .harness import add_bench_parser, finish, grouped_bars, print_table
+from .harness import add_bench_parser, finish, grouped_bars, print_table, print_targets
 from .trace import SAMPLE, _display_path
 
 FRACTIONS = (0.05, 0.10, 0.20)
@@ -52,7 +52,18 @@ def run(args: argparse.Namespace) -> dict:
         print_table(["cache", "policy", "token hit ratio", "of Belady", "LRU→Belady gap closed", "GB fetched"], table)
     result = {"bench": "evict", "default_policy": DEFAULT_POLICY, "block_tokens": 512, "bytes_per_token": args.bytes_per_token,
               "policies": names, "rows": rows}
+    result["targets"] = targets(result)
+    print_targets(result["targets"])
     return finish(args, result, plot)
+
+
+def targets(result: dict) -> dict[str, bool]:
+    """Issue 28's goals for the default policy, over every trace and size replayed."""
+    mine = [r for r in result["rows"] if r["policy"] == result["default_policy"]]
+    lru = {(r["trace"], r["cache_fraction"]): r["token_hit_ratio"] for r in result["rows"] if r["policy"] == "lru"}
+    small = [r for r in mine if r["cache_fraction"] <= 0.10 + 1e-9 and r["lru_gap_closed"] is not None]
+    return {f"{result['default_policy']} never below LRU": all(r["token_hit_ratio"] >= lru[(r["trace"], r["cache_fraction"])] for r in mine),
+            f"{result['default_policy']} closes at least half the LRU→Belady gap at caches ≤ 10%": all(r["lru_gap_closed"] >= 0.5 for r in small)}
 
 
 def plot(result: dict, fig) -> None:

@@ -37,6 +37,7 @@ def test_the_report_on_the_bundled_sample_has_every_policy_beside_belady(tmp_pat
     for f in FRACTIONS:
         assert got[("belady", f)] >= got[("prefix", f)] >= got[("lru", f)] > 0
     assert all(r["bytes_fetched"] > 0 for r in result["rows"])
+    assert result["targets"]["prefix never below LRU"]
 
 
 def test_on_other_trace_shapes_the_prefix_policy_never_falls_below_lru(tmp_path: Path):
