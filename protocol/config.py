@@ -35,6 +35,8 @@ ENV_PREFIX = "OBJECTCACHE_"
 PLACEHOLDER_MARK = "REPLACE_WITH"
 MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local", "s3")
+# cache.policy: which chunks a node evicts (storage_server/store/cache/policy.py).
+CACHE_POLICIES = ("lru", "prefix")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
@@ -76,12 +78,15 @@ class Tenant(Section):
     # Bandwidth pool: this tenant's cap (0 = none) and its weight in the allocation.
     bandwidth_cap_gbps: float = 0.0
     weight: float = 1.0
+    # Bytes of KV chunks this tenant may hold on a node (0 = cache.tenant_max_bytes).
+    cache_max_bytes: int = 0
 
     def validate(self) -> None:
         for key in ("name", "access_key", "secret_key"):
             self.require(bool(getattr(self, key)), key, f"must not be empty (tenant {self.name!r})")
         self.require(self.bandwidth_cap_gbps >= 0, "bandwidth_cap_gbps", f"must be >= 0 (tenant {self.name!r})")
         self.require(self.weight > 0, "weight", f"must be > 0 (tenant {self.name!r})")
+        self.require(self.cache_max_bytes >= 0, "cache_max_bytes", f"must be >= 0 (tenant {self.name!r}; 0 = cache.tenant_max_bytes)")
 
 
 @dataclass(frozen=True)
@@ -218,8 +223,16 @@ class CacheConfig(Section):
     # (one HEAD, its ETag) before a kv-get serves it, so a chunk deleted or replaced through
     # another node is served from a stale copy at most this long. 0: checked at every kv-get.
     revalidate_after_s: float = 60.0
+    # Which chunk goes when room is needed: "prefix" (the least valuable leaf of the cached
+    # prefix trees: reuse, the conversation it continues, depth, recency) or "lru".
+    policy: str = "prefix"
+    # Bytes of chunks one tenant may hold on this node (0 = no per-tenant bound; a tenant's
+    # own cache_max_bytes overrides it): a tenant at its bound evicts its own chunks first.
+    tenant_max_bytes: int = 0
 
     def validate(self) -> None:
+        self.require(self.policy in CACHE_POLICIES, "policy", f"unknown policy {self.policy!r} (supported: {', '.join(CACHE_POLICIES)})")
+        self.require(self.tenant_max_bytes >= 0, "tenant_max_bytes", "must be >= 0 (0 = no per-tenant bound)")
         self.require(self.revalidate_after_s >= 0, "revalidate_after_s", "must be >= 0 (0 = checked at every kv-get)")
         self.require(self.max_bytes >= 1, "max_bytes", "must be at least 1")
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")

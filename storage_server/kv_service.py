@@ -150,7 +150,9 @@ class KVService:
     async def lookup(self, call: RpcCall) -> Reply:
         bucket = call.field("bucket")
         keys = decode_keys(call.body)
-        return LookupReply(await self.chunks.longest_prefix(bucket, keys), len(keys)).to_json()
+        found = await self.chunks.longest_prefix(bucket, keys)
+        self.chunks.looked_up(str(call.request.fields.get("tenant", "")), found, len(keys))
+        return LookupReply(found, len(keys)).to_json()
 
     async def register(self, call: RpcCall) -> Reply:
         """Step 1 of an shm registration: a ticket to hand the memory over with (:mod:`protocol.shm`)."""

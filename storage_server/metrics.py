@@ -13,7 +13,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.wire import TransferStats
@@ -54,6 +54,29 @@ class LiveState(Collector):
             yield GaugeMetricFamily("objectcache_bandwidth_capacity_bytes_per_second", "bandwidth pool capacity B",
                                     value=kv.pool.scheduler.capacity)
         yield allocated
+        yield from _tenant_cache(kv.chunks.tenant_status())
+
+
+# Per-tenant chunk-cache series: (metric, help, field of ChunkSource.tenant_status, counter?).
+TENANT_CACHE = (
+    ("objectcache_cache_tenant_bytes", "KV chunk bytes the tenant holds on this node", "bytes", False),
+    ("objectcache_cache_tenant_max_bytes", "the tenant's bound (cache.tenant_max_bytes, its cache_max_bytes, or cache.max_bytes)",
+     "max_bytes", False),
+    ("objectcache_cache_tenant_hits", "chunks the tenant's kv-lookups found", "hits", True),
+    ("objectcache_cache_tenant_misses", "chunks the tenant's kv-lookups asked for past the found prefix", "misses", True),
+    ("objectcache_cache_tenant_evictions", "the tenant's chunks evicted", "evictions", True),
+    ("objectcache_cache_tenant_reused_after_eviction", "the tenant's evicted chunks stored again", "reused_after_eviction", True),
+    ("objectcache_cache_tenant_eviction_to_reuse_bytes", "bytes the node stored between a chunk's eviction and its return, summed",
+     "reuse_gap_bytes", True),
+)
+
+
+def _tenant_cache(status: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    for name, help_text, field_name, counter in TENANT_CACHE:
+        family = (CounterMetricFamily if counter else GaugeMetricFamily)(name, help_text, labels=["tenant"])
+        for tenant, counts in status.items():
+            family.add_metric([tenant], counts[field_name])
+        yield family
 
 
 class StorageServerMetrics:

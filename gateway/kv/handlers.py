@@ -65,7 +65,7 @@ def rpc(req: S3Request) -> StorageServerClient:
 async def kv_lookup(req: S3Request) -> web.Response:
     await req.owned_bucket()
     body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
-    reply = await rpc(req).call(Op.KV_LOOKUP, body, bucket=req.bucket)
+    reply = await rpc(req).call(Op.KV_LOOKUP, body, tenant=req.tenant, bucket=req.bucket)
     return json_response(LookupReply.from_json(reply).to_json())
 
 

@@ -107,7 +107,7 @@ class PeerFetcher:
         helpers = cold_helpers(self.me, answered, self.cfg.cold_split_peers, failed) if rest else []
         if helpers:
             own, *theirs = shares(rest, len(helpers) + 1)
-            await asyncio.gather(self._own_share(bucket, own, wanted, have, cache, filled),
+            await asyncio.gather(self._own_share(bucket, own, wanted, have, cache, filled, pin_for.tenant),
                                  *(self._runs_from(p, call, share, wanted, have, pin_for, cache, filled, fill=True)
                                    for p, share in zip(helpers, theirs) if share))
 
@@ -129,7 +129,7 @@ class PeerFetcher:
         return False
 
     async def _own_share(self, bucket: str, own: list[int], wanted: list[tuple[str, str]], have: list[bool], cache: S3ChunkSource,
-                         filled: Filled) -> None:
+                         filled: Filled, tenant: str) -> None:
         """This node's share of a split cold miss, from the upstream as its own misses come (beside the peers' shares).
         A chunk that fails here is left to the kv-get's own upstream path, which names the error."""
         gate = asyncio.Semaphore(cache.concurrency)
@@ -138,7 +138,7 @@ class PeerFetcher:
             key, cid = wanted[i]
             async with gate:
                 try:
-                    fetched = await cache.fetch_upstream_pinned(bucket, key, cid)
+                    fetched = await cache.fetch_upstream_pinned(bucket, key, cid, tenant)
                 except S3Error:
                     return
             have[i] = True
@@ -160,7 +160,7 @@ class PeerFetcher:
             if have[index] or not cache.claim(cid):  # another request is fetching it (or it arrived meanwhile)
                 return
             try:
-                if await cache.store_fetched(cid, data, version):
+                if await cache.store_fetched(cid, data, version, pin_for.tenant):
                     have[index] = True
                     filled.pinned.append(cid)
                     filled.paths[path] = filled.paths.get(path, 0) + len(data)

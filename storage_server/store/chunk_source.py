@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .cache.tenants import TenantLedger
 from .mapped_files import MappedSlot
 
 
@@ -73,6 +74,8 @@ class PinnedChunks:
 class ChunkSource(abc.ABC):
     """Immutable KV chunk objects of one store, as the descriptor executor needs them."""
 
+    ledger: TenantLedger | None = None  # per-tenant bounds and counts of the chunks this node keeps
+
     @abc.abstractmethod
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:
         """How many leading ``keys`` are stored (NoSuchBucket if the bucket is missing)."""
@@ -83,13 +86,23 @@ class ChunkSource(abc.ABC):
 
     @abc.abstractmethod
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
-        """Pin every key's chunk for reading, all or none; NoSuchKey names the first missing key."""
+        """Pin every key's chunk for reading, all or none (chunks fetched for it count as ``pin_for.tenant``'s);
+        NoSuchKey names the first missing key."""
+
+    def looked_up(self, tenant: str, found: int, asked: int) -> None:
+        """A kv-lookup of ``tenant`` found ``found`` of ``asked`` leading chunks (per-tenant hit counts)."""
+        if self.ledger is not None:
+            self.ledger.looked_up(tenant, found, asked)
 
     async def housekeeping(self) -> dict[str, int]:
         """Periodic clean-up (idle handles of deleted chunks, …); returns counts worth logging."""
         return {}
 
     def status(self) -> dict[str, object]:
+        return {}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        """Per tenant: chunk bytes held, its bound, hits, misses, evictions, eviction-to-reuse gap (see ``TenantLedger``)."""
         return {}
 
     async def close(self) -> None:

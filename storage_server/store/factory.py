@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from protocol.config import Config, ConfigError
 
+from .cache.tenants import TenantQuotas
 from .chunk_source import ChunkSource
 from .object_store import ObjectStore
 
@@ -36,7 +37,8 @@ def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     assert isinstance(store, LocalDiskStore)
     # Chunk files kept open between transfers, bounded by half the process's file limit.
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
-    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit), config.cache.max_bytes)
+    return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit), config.cache.max_bytes,
+                                config.cache.policy, TenantQuotas.from_config(config))
 
 
 def _s3_store(config: Config) -> ObjectStore:
@@ -51,7 +53,7 @@ def _s3_chunks(config: Config, store: ObjectStore) -> ChunkSource:
 
     assert isinstance(store, S3Store)
     return S3ChunkSource(store, config.data_dir / "chunk-cache", config.cache.max_bytes, config.cache.fetch_concurrency,
-                         config.cache.revalidate_after_s)
+                         config.cache.revalidate_after_s, config.cache.policy, TenantQuotas.from_config(config))
 
 
 BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks), "s3": Backend(_s3_store, _s3_chunks)}

@@ -9,7 +9,7 @@ restart too (a file without one is an unknown version). Files are written under 
 holds whole bytes; the upstream holds the durable copy, so nothing is fsync'd.
 
 Space is *reserved* before a file is written; a reservation evicts unpinned entries
-(see :class:`~.lru.LruPolicy`) until used + reserved + new <= ``max_bytes``, or fails.
+in the order ``cache.policy`` says (:mod:`.policy`) until used + reserved + new <= ``max_bytes``, or fails.
 Pinned entries are never chosen; a chunk a transfer holds stays readable even if it is
 invalidated, because the transfer reads it through an open descriptor. Accounting is
 single-threaded (the event loop); only file writes run in threads.
@@ -25,7 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
-from .lru import LruPolicy
+from .policy import make_policy
+from .tenants import TenantLedger, TenantQuotas
 
 
 def chunk_id(bucket_id: str, key: str) -> str:
@@ -38,12 +39,13 @@ def version_tag(etag: str) -> str:
 
 
 class ChunkFiles:
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, policy: str = "prefix", quotas: TenantQuotas | None = None) -> None:
         self.root, self.max_bytes = root, max_bytes
         self.tmp = root / "tmp"
         shutil.rmtree(self.tmp, ignore_errors=True)  # writes a crash interrupted
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.policy = LruPolicy()
+        self.policy = make_policy(policy)
+        self.ledger = TenantLedger(quotas or TenantQuotas(max_bytes))
         self.versions: dict[str, str] = {}  # cid -> version_tag of its bytes ("" unknown)
         self.confirmed: dict[str, float] = {}  # cid -> when (monotonic) the copy was last known current; absent: never (a restart)
         self.reserved = 0
@@ -81,19 +83,23 @@ class ChunkFiles:
     def size(self, cid: str) -> int | None:
         return self.policy.size(cid)
 
-    def _evict(self, need: int) -> bool:
+    def _evict(self, need: int, tenant: str | None = None) -> bool:
         if need <= 0:
             return True
-        victims = self.policy.victims(need)
+        victims = self.policy.victims(need, tenant=tenant)
         if victims is None:
             return False
         for cid in victims:
+            self.ledger.evicted(self.policy.tenant_of(cid), cid, self.policy.size(cid) or 0)
             self.drop(cid)
             self.evicted += 1
         return True
 
-    def reserve(self, nbytes: int) -> bool:
-        """Room for ``nbytes`` more, evicting unpinned chunks as needed; False (nothing evicted) if pinned chunks leave no room."""
+    def reserve(self, nbytes: int, tenant: str = "") -> bool:
+        """Room for ``nbytes`` more, evicting unpinned chunks as needed (``tenant``'s own first, beyond its bound);
+        False if pinned chunks leave no room."""
+        if tenant:
+            self._evict(self.ledger.over(tenant, self.policy.tenant_used(tenant) + nbytes), tenant)
         if nbytes > self.max_bytes or not self._evict(self.policy.used + self.reserved + nbytes - self.max_bytes):
             return False
         self.reserved += nbytes
@@ -105,7 +111,7 @@ class ChunkFiles:
     def new_tmp(self) -> Path:
         return self.tmp / uuid.uuid4().hex
 
-    def commit(self, cid: str, tmp: Path, size: int, etag: str = "") -> Path:
+    def commit(self, cid: str, tmp: Path, size: int, etag: str = "", parent: str | None = None, tenant: str = "") -> Path:
         """A written temp file (its space reserved) becomes the cached chunk ``cid`` (the upstream's ``etag`` of it), newest."""
         self.reserved -= size
         old = self.policy.size(cid)
@@ -117,7 +123,8 @@ class ChunkFiles:
         final = self.path(cid, size)
         final.parent.mkdir(exist_ok=True)
         os.rename(tmp, final)
-        self.policy.add(cid, size)
+        self.policy.add(cid, size, parent, tenant)
+        self.ledger.stored(tenant, cid, size)
         return final
 
     def drop(self, cid: str) -> None:
@@ -132,3 +139,6 @@ class ChunkFiles:
     def status(self) -> dict[str, int]:
         return {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy), "reserved": self.reserved,
                 "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        return self.ledger.status({t: self.policy.tenant_used(t) for t in self.ledger.tenants()})

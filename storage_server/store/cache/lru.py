@@ -17,6 +17,8 @@ class LruPolicy:
     def __init__(self) -> None:
         self._sizes: OrderedDict[str, int] = OrderedDict()  # oldest first
         self._pins: dict[str, int] = {}
+        self._tenants: dict[str, str] = {}  # key -> tenant, for keys of a named tenant
+        self._tenant_used: dict[str, int] = {}
         self.used = 0
 
     def __contains__(self, key: str) -> bool:
@@ -28,11 +30,25 @@ class LruPolicy:
     def size(self, key: str) -> int | None:
         return self._sizes.get(key)
 
-    def add(self, key: str, size: int) -> None:
-        """A new entry, newest (replacing one of the same key)."""
+    def add(self, key: str, size: int, parent: str | None = None, tenant: str = "") -> None:
+        """A new entry of ``tenant``, newest (replacing one of the same key); LRU has no use for its ``parent`` in the chain."""
         self.remove(key)
         self._sizes[key] = size
         self.used += size
+        if tenant:
+            self._tenants[key] = tenant
+            self._tenant_used[tenant] = self._tenant_used.get(tenant, 0) + size
+
+    def add_chain(self, items: list[tuple[str, int]], parent: str | None = None, tenant: str = "") -> None:
+        """Newly stored chunks of one chain, head first: added tail first, so the head is the newest."""
+        for key, size in reversed(items):
+            self.add(key, size, None, tenant)
+
+    def tenant_used(self, tenant: str) -> int:
+        return self._tenant_used.get(tenant, 0)
+
+    def tenant_of(self, key: str) -> str:
+        return self._tenants.get(key, "")
 
     def touch_chain(self, keys: Iterable[str]) -> None:
         """``keys`` in prefix order were used together: the head becomes the newest, the tail the oldest of them."""
@@ -63,10 +79,13 @@ class LruPolicy:
         """Forget ``key`` (pinned or not); its size, 0 if it was not there."""
         size = self._sizes.pop(key, 0)
         self.used -= size
+        tenant = self._tenants.pop(key, "")
+        if tenant:
+            self._tenant_used[tenant] -= size
         return size
 
-    def victims(self, need: int, partial: bool = False) -> list[str] | None:
-        """Unpinned entries, oldest first, whose sizes add up to at least ``need``.
+    def victims(self, need: int, partial: bool = False, tenant: str | None = None) -> list[str] | None:
+        """Unpinned entries (of ``tenant`` only, if given), oldest first, whose sizes add up to at least ``need``.
 
         If even all of them are not enough: None, or with ``partial`` all of them.
         """
@@ -75,7 +94,7 @@ class LruPolicy:
         for key, size in self._sizes.items():
             if freed >= need:
                 break
-            if key not in self._pins:
+            if key not in self._pins and (tenant is None or self._tenants.get(key, "") == tenant):
                 out.append(key)
                 freed += size
         return out if freed >= need or partial else None

@@ -6,8 +6,8 @@ or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
 
 KV chunk objects (immutable, written by kv-put) are capacity the node may give back:
-above ``max_bytes`` of them, the least recently used unpinned ones are deleted, the
-tail of a prefix before its head (:class:`~storage_server.store.cache.lru.LruPolicy`).
+above ``max_bytes`` of them, unpinned ones are deleted in the order ``cache.policy`` says
+(:mod:`storage_server.store.cache.policy`; always the tail of a prefix before its head).
 Plain user objects are never evicted and never counted. An entry names the exact
 version the bound admitted (bucket, key and the file of those bytes): eviction deletes
 a row only while it is still that immutable chunk, so a chunk deleted through the gateway
@@ -25,7 +25,8 @@ import functools
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
-from ..cache.lru import LruPolicy
+from ..cache.policy import make_policy
+from ..cache.tenants import TenantLedger, TenantQuotas
 from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
@@ -48,14 +49,17 @@ def _version(name: str) -> tuple[str, str, str]:
 
 
 class LocalDiskChunkSource(ChunkSource):
-    def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int) -> None:
+    def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int, policy: str = "prefix",
+                 quotas: TenantQuotas | None = None) -> None:
         self.store = store
         # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
         self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
-        self.lru = LruPolicy()
-        for bucket, key, path, size in store.index.chunk_objects():
-            self.lru.add(_name(bucket, key, path), size)
+        self.policy = make_policy(policy)
+        self.ledger = TenantLedger(quotas or TenantQuotas(max_bytes))
+        for bucket, key, path, size, owner in store.index.chunk_objects():
+            self.policy.add(_name(bucket, key, path), size, None, owner)
+            self.ledger.seen(owner)
         self.evicted = 0
         self._trimming: asyncio.Task | None = None
         self.locations = LocationCache(store.index.db_path)
@@ -75,23 +79,40 @@ class LocalDiskChunkSource(ChunkSource):
 
     async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
         metas = await self.store.put_many(bucket, [(key, data, CHUNK_SPEC) for key, data in items], owner)
-        for m in reversed(metas):  # the head of the prefix is added last: the newest
-            self.lru.add(_name(bucket, m.key, m.locator), m.size)
+        self.policy.add_chain([(_name(bucket, m.key, m.locator), m.size) for m in metas], None, owner)
+        for m in metas:
+            self.ledger.stored(owner, f"{bucket}\0{m.key}", m.size)
         await self._trim()
         return [m.etag for m in metas]
 
     async def _trim(self) -> None:
-        """Delete least recently used unpinned chunks until within ``max_bytes`` (or only pinned ones are left)."""
-        need = self.lru.used - self.max_bytes
-        if need <= 0:
+        """Delete unpinned chunks the policy picks: a tenant's own beyond its bound, then any until within ``max_bytes``
+        (or only pinned ones are left)."""
+        chosen: list[str] = []
+        for tenant in self.ledger.tenants():
+            over = self.ledger.over(tenant, self.policy.tenant_used(tenant))
+            if over:
+                chosen += self._take(self.policy.victims(over, partial=True, tenant=tenant) or [])
+        need = self.policy.used - self.max_bytes
+        if need > 0:
+            chosen += self._take(self.policy.victims(need, partial=True) or [])
+        if not chosen:
             return
         by_bucket: dict[str, list[tuple[str, str]]] = {}
-        for name in self.lru.victims(need, partial=True) or []:
-            self.lru.remove(name)
+        for name in chosen:
             bucket, key, path = _version(name)
             by_bucket.setdefault(bucket, []).append((key, path))
         for bucket, versions in by_bucket.items():
             self.evicted += await self.store.evict_chunks(bucket, versions)
+
+    def _take(self, names: list[str]) -> list[str]:
+        """Forget the victims ``names`` (counted per tenant); they are deleted next."""
+        for name in names:
+            tenant = self.policy.tenant_of(name)
+            size = self.policy.remove(name)
+            bucket, key, _ = _version(name)
+            self.ledger.evicted(tenant, f"{bucket}\0{key}", size)
+        return names
 
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         found = await self._locate(bucket, keys)
@@ -100,7 +121,7 @@ class LocalDiskChunkSource(ChunkSource):
                 raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} is not stored (the first missing key of {len(keys)})", extra={"Key": key})
         paths = [loc[0] for loc in found]  # type: ignore[index]
         names = [_name(bucket, k, p) for k, p in zip(keys, paths)]
-        self.lru.pin(names)  # before the first await: an eviction running meanwhile skips them
+        self.policy.pin(names)  # before the first await: an eviction running meanwhile skips them
         sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
             held = self.files.acquire_held(paths)  # all open and mapped already (a repeated prefix): no thread hop
@@ -108,11 +129,11 @@ class LocalDiskChunkSource(ChunkSource):
                 fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
                 held = fds, self.files.slots(paths)
         except MissingFile as e:
-            self.lru.unpin(names)
+            self.policy.unpin(names)
             key = keys[e.index]
             raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
         except BaseException:
-            self.lru.unpin(names)
+            self.policy.unpin(names)
             raise
         fds, mapped = held
         return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, names))
@@ -120,9 +141,9 @@ class LocalDiskChunkSource(ChunkSource):
     def _release(self, paths: list[str], names: list[str]) -> None:
         """The transfer is over: its chunks become the most recently used (off the first layer's path), unpinned."""
         self.files.release(paths)
-        self.lru.touch_chain(names)
-        self.lru.unpin(names)
-        if self.lru.used > self.max_bytes and (self._trimming is None or self._trimming.done()):
+        self.policy.touch_chain(names)
+        self.policy.unpin(names)
+        if self.policy.used > self.max_bytes and (self._trimming is None or self._trimming.done()):
             try:
                 self._trimming = asyncio.get_running_loop().create_task(self._trim())
             except RuntimeError:
@@ -135,8 +156,12 @@ class LocalDiskChunkSource(ChunkSource):
 
     def status(self) -> dict[str, object]:
         return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
-                "chunk_bytes": {"bytes": self.lru.used, "max_bytes": self.max_bytes, "chunks": len(self.lru),
-                                "pinned_bytes": self.lru.pinned_bytes, "evicted": self.evicted}}
+                "chunk_bytes": {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy),
+                                "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted},
+                "cache_tenants": self.tenant_status()}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        return self.ledger.status({t: self.policy.tenant_used(t) for t in self.ledger.tenants()})
 
     async def close(self) -> None:
         if self._trimming is not None:

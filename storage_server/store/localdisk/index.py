@@ -337,10 +337,10 @@ class MetadataIndex:
                 found[k] = (path, size)
         return [found.get(k) for k in encoded]
 
-    def chunk_objects(self) -> list[tuple[str, str, str, int]]:
-        """Every immutable KV chunk as (bucket, key, file, size), oldest written first: what the chunk bound starts from."""
-        rows = self.db.execute("SELECT bucket, key, path, size FROM objects WHERE immutable=1 ORDER BY mtime")
-        return [(b, k.decode() if isinstance(k, bytes) else k, path, size) for b, k, path, size in rows]
+    def chunk_objects(self) -> list[tuple[str, str, str, int, str]]:
+        """Every immutable KV chunk as (bucket, key, file, size, owner), oldest written first: what the chunk bound starts from."""
+        rows = self.db.execute("SELECT bucket, key, path, size, owner FROM objects WHERE immutable=1 ORDER BY mtime")
+        return [(b, k.decode() if isinstance(k, bytes) else k, path, size, owner) for b, k, path, size, owner in rows]
 
     def referenced_names(self) -> set[str]:
         """The file names object rows point at."""

@@ -46,6 +46,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.chunk_files import ChunkFiles, chunk_id, version_tag
+from ..cache.tenants import TenantQuotas
 from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..object_store import PutSpec
 from .buckets import check_key
@@ -88,9 +89,11 @@ class SecondSource(Protocol):
 
 
 class S3ChunkSource(ChunkSource):
-    def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int, revalidate_after_s: float = 60.0) -> None:
+    def __init__(self, store: S3Store, cache_dir: Path, max_bytes: int, fetch_concurrency: int, revalidate_after_s: float = 60.0,
+                 policy: str = "prefix", quotas: TenantQuotas | None = None) -> None:
         self.store, self.up = store, store.up
-        self.files = ChunkFiles(cache_dir, max_bytes)
+        self.files = ChunkFiles(cache_dir, max_bytes, policy, quotas)
+        self.ledger = self.files.ledger
         self.concurrency = fetch_concurrency
         self.revalidate_after_s = revalidate_after_s
         self.revalidated = 0
@@ -148,8 +151,9 @@ class S3ChunkSource(ChunkSource):
                 return (await self.store.put_object(bucket, key, _once(data), CHUNK_SPEC, owner)).etag
 
         etags = await asyncio.gather(*(one(k, d) for k, d in items))
-        for cid, (_, data), etag in reversed(list(zip(cids, items, etags))):  # the head written last is the newest
-            if self.files.size(cid) is None and self.files.reserve(len(data)):
+        for i in reversed(range(len(items))):  # the head written last is the newest
+            cid, data, etag = cids[i], items[i][1], etags[i]
+            if self.files.size(cid) is None and self.files.reserve(len(data), owner):
                 tmp = self.files.new_tmp()
                 try:
                     await asyncio.get_running_loop().run_in_executor(None, _write, tmp, [bytes(data)])
@@ -157,13 +161,13 @@ class S3ChunkSource(ChunkSource):
                     self.files.unreserve(len(data))
                     tmp.unlink(missing_ok=True)
                     raise
-                self.files.commit(cid, tmp, len(data), etag)
+                self.files.commit(cid, tmp, len(data), etag, cids[i - 1] if i else None, owner)
         return list(etags)
 
     # -- pin -------------------------------------------------------------------
-    async def _fetch_pinned(self, bucket: str, key: str, cid: str) -> bool:
-        """Pin ``cid``, fetching it whole into the cache first unless it is there (or another request is fetching it);
-        whether this call fetched it."""
+    async def _fetch_pinned(self, bucket: str, key: str, cid: str, tenant: str = "") -> bool:
+        """Pin ``cid``, fetching it whole into the cache first (counted as ``tenant``'s) unless it is there (or another
+        request is fetching it); whether this call fetched it."""
         for _ in range(3):
             if self.files.size(cid) is not None:
                 self.files.policy.pin([cid])
@@ -174,7 +178,7 @@ class S3ChunkSource(ChunkSource):
             await asyncio.wait([inflight])
         done = self._inflight[cid] = asyncio.get_running_loop().create_future()
         try:
-            await self._fetch(bucket, key, cid)
+            await self._fetch(bucket, key, cid, tenant)
             self.files.policy.pin([cid])
         finally:
             del self._inflight[cid]
@@ -182,10 +186,10 @@ class S3ChunkSource(ChunkSource):
         return True
 
     # -- what a second source uses ---------------------------------------------------
-    async def fetch_upstream_pinned(self, bucket: str, key: str, cid: str) -> bool:
+    async def fetch_upstream_pinned(self, bucket: str, key: str, cid: str, tenant: str = "") -> bool:
         """The upstream path for one chunk, as a kv-get's own misses take it (a second source running its share of a
         split beside its peers'); whether this call fetched it (False: it was cached or another request fetched it)."""
-        return await self._fetch_pinned(bucket, key, cid)
+        return await self._fetch_pinned(bucket, key, cid, tenant)
 
     def claim(self, cid: str) -> bool:
         """Take the fetch of ``cid`` (False: cached, or another request is fetching it); :meth:`release` after."""
@@ -199,10 +203,10 @@ class S3ChunkSource(ChunkSource):
         if done is not None and not done.done():
             done.set_result(None)
 
-    async def store_fetched(self, cid: str, data: bytes, version: str = "") -> bool:
+    async def store_fetched(self, cid: str, data: bytes, version: str = "", tenant: str = "") -> bool:
         """A whole chunk fetched elsewhere (a peer's copy of upstream ``version``), written through the cache and pinned
         (False: no room, nothing kept). Its version makes it revalidated like a copy fetched from the upstream."""
-        if not self.files.reserve(len(data)):
+        if not self.files.reserve(len(data), tenant):
             return False
         tmp = self.files.new_tmp()
         try:
@@ -211,7 +215,7 @@ class S3ChunkSource(ChunkSource):
             self.files.unreserve(len(data))
             tmp.unlink(missing_ok=True)
             raise
-        self.files.commit(cid, tmp, len(data), version)
+        self.files.commit(cid, tmp, len(data), version, tenant=tenant)
         self.files.policy.pin([cid])
         return True
 
@@ -220,13 +224,13 @@ class S3ChunkSource(ChunkSource):
         cid = chunk_id(bucket_id, key)
         return cid, self.files.size(cid)
 
-    async def _fetch(self, bucket: str, key: str, cid: str) -> None:
+    async def _fetch(self, bucket: str, key: str, cid: str, tenant: str = "") -> None:
         resource = f"/{bucket}/{key}"
         resp = await self.up.call("get_object", Bucket=bucket, Key=key, resource=resource)
         body = resp["Body"]
         size = int(resp["ContentLength"])
         etag = str(resp.get("ETag", ""))
-        if not self.files.reserve(size):
+        if not self.files.reserve(size, tenant):
             body.close()
             raise S3Error(ErrorCode.ServiceUnavailable, "The chunk cache is full of chunks other transfers hold "
                           f"(cache.max_bytes = {self.files.max_bytes}); retry.", resource)
@@ -243,7 +247,7 @@ class S3ChunkSource(ChunkSource):
             self.files.unreserve(size)
             tmp.unlink(missing_ok=True)
             raise
-        self.files.commit(cid, tmp, size, etag)
+        self.files.commit(cid, tmp, size, etag, tenant=tenant)
         self.fetched += 1
 
     async def _revalidate(self, bucket: str, keys: list[str], cids: list[str]) -> None:
@@ -273,6 +277,7 @@ class S3ChunkSource(ChunkSource):
         await asyncio.gather(*(one(k, c) for k, c in stale))
 
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
+        tenant = pin_for.tenant if pin_for is not None else ""
         cids = await self._ids(bucket, keys)
         await self._revalidate(bucket, keys, cids)
         pinned: list[str] = []
@@ -296,7 +301,7 @@ class S3ChunkSource(ChunkSource):
 
             async def one(key: str, cid: str) -> None:
                 async with gate:
-                    if await self._fetch_pinned(bucket, key, cid):
+                    if await self._fetch_pinned(bucket, key, cid, tenant):
                         upstream.append(cid)
                     pinned.append(cid)
 
@@ -333,7 +338,11 @@ class S3ChunkSource(ChunkSource):
         self.files.policy.unpin(pinned)
 
     def status(self) -> dict[str, object]:
-        return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated}}
+        return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated},
+                "cache_tenants": self.tenant_status()}
+
+    def tenant_status(self) -> dict[str, dict[str, int]]:
+        return self.files.tenant_status()
 
     async def close(self) -> None:
         if self._invalidate in self.store.listeners:
