@@ -59,16 +59,21 @@ class ConnectorConfig:
         return cls(**{k: str(v) if k != "load_timeout_s" else v for k, v in values.items()})
 
 
-def namespace(config: ConnectorConfig, model: str, kv_dtype: str, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> str:
+def namespace(config: ConnectorConfig, model: str, kv_dtype: str, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1, *,
+              revision: str | None = None, block_size: int | None = None, layout: str | None = None) -> str:
     """The chunk-key namespace of one KV shard.
 
-    KV bytes depend on the model, the KV cache dtype and which heads (tensor-parallel rank) and
-    layers (pipeline stage) a worker holds, so all of them are in the namespace: different models
-    and shards never share keys. A configured ``namespace`` replaces the model part (use it when
-    the same weights are served from different paths); the dtype and ranks are always appended.
+    KV bytes depend on the model and its weights revision, the KV cache dtype, the block size (one
+    block is one chunk), the chunk layout (K/V pairs or MLA's latent vector) and which heads
+    (tensor-parallel rank) and layers (pipeline stage) a worker holds, so all of them are in the
+    namespace: different models, revisions and shards never share keys. A configured
+    ``namespace`` replaces the model part (use it when the same weights are served from different
+    paths); the revision and everything else are always appended. The connector passes every keyword; a request's
+    ``cache_salt`` goes into the hash (:func:`client_sdk.chunk_keys`), not here.
     """
-    base = config.namespace or f"vllm/{model.rstrip('/')}"
-    ns = f"{base}/{kv_dtype}/tp{tp_rank}of{tp_size}" + (f"/pp{pp_rank}of{pp_size}" if pp_size > 1 else "")
+    base = (config.namespace or f"vllm/{model.rstrip('/')}") + (f"@{revision}" if revision else "")
+    ns = f"{base}/{kv_dtype}" + (f"/b{block_size}" if block_size else "") + (f"/{layout}" if layout else "")
+    ns += f"/tp{tp_rank}of{tp_size}" + (f"/pp{pp_rank}of{pp_size}" if pp_size > 1 else "")
     if "\n" in ns or len(ns.encode()) > MAX_NAMESPACE_BYTES:
         raise ValueError(f"the chunk namespace {ns[:80]!r}... is not a single line of at most {MAX_NAMESPACE_BYTES} bytes; "
                          "set kv_connector_extra_config.namespace")

@@ -62,6 +62,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         parallel = vllm_config.parallel_config
         model, dtype = vllm_config.model_config.model, _kv_dtype(vllm_config)
+        # Everything that changes KV bytes is in the namespace (the request's cache_salt goes into the hash).
+        identity = {"revision": vllm_config.model_config.revision, "block_size": self.block_size,
+                    "layout": "mla" if vllm_config.model_config.use_mla else "kv"}
         c = self.config
         self.client = SyncObjectCacheClient(c.endpoint, c.access_key, c.secret_key, c.bucket, c.region)
         self._scheduler: SchedulerSide | None = None
@@ -69,7 +72,7 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             # Lookups use rank 0's keys: every rank stores the same chunks of its own shard. A rank
             # whose chunk is missing after all fails its load, and vLLM recomputes.
-            self.namespace = namespace(c, model, dtype, 0, parallel.tensor_parallel_size, 0, parallel.pipeline_parallel_size)
+            self.namespace = namespace(c, model, dtype, 0, parallel.tensor_parallel_size, 0, parallel.pipeline_parallel_size, **identity)
             try:
                 self.client.ensure_bucket()
             except Exception as e:  # noqa: BLE001 — an unreachable cache at start-up is a miss, not a crash
@@ -79,7 +82,7 @@ class ObjectCacheConnector(KVConnectorBase_V1):
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
             self.namespace = namespace(c, model, dtype, get_tensor_model_parallel_rank(), parallel.tensor_parallel_size,
-                                       get_pp_group().rank_in_group, parallel.pipeline_parallel_size)
+                                       get_pp_group().rank_in_group, parallel.pipeline_parallel_size, **identity)
             self._worker = WorkerSide(self.client, self.block_size, c.transport, c.load_timeout_s, c.mode)
         log.info("ObjectCache connector (%s): %s bucket %s, namespace %s, transport %s", role.name.lower(), c.endpoint, c.bucket,
                  self.namespace, c.transport)

@@ -36,9 +36,10 @@ class RequestState:
     load: ChunkTransfer | None = field(default=None)
 
     @classmethod
-    def for_prompt(cls, prompt_token_ids: Sequence[int], block_size: int, namespace: str) -> "RequestState":
+    def for_prompt(cls, prompt_token_ids: Sequence[int], block_size: int, namespace: str, salt: str | None = None) -> "RequestState":
+        """``salt``: the request's ``cache_salt`` (its keys then never meet another salt's or an unsalted request's)."""
         n = len(prompt_token_ids)
-        keys = chunk_keys(list(prompt_token_ids), block_size, namespace) if n >= block_size else []
+        keys = chunk_keys(list(prompt_token_ids), block_size, namespace, salt) if n >= block_size else []
         return cls(keys=keys, loadable=loadable_chunks(n, block_size))
 
 
