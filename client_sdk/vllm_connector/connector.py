@@ -15,6 +15,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from ..sync import SyncObjectCacheClient
+from .blocks import PagedFormat
 from .config import ConnectorConfig, namespace
 from .plan import ChunkTransfer
 from .scheduler import SchedulerSide
@@ -51,6 +52,18 @@ def _layer_order(names: list[str]) -> list[str]:
         return sorted(names, key=extract_layer_index)
     except (AssertionError, ValueError):
         return list(names)
+
+
+def _paged_format(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None", names: list[str]) -> PagedFormat:
+    """The layers' paged format, from vLLM itself: each layer's attention backend and the resolved KV cache layout."""
+    context = vllm_config.compilation_config.static_forward_context
+    backends = {context[n].get_attn_backend().get_name() for n in names if n in context}
+    if len(backends) != 1:
+        raise ValueError(f"ObjectCache's connector needs one attention backend for all KV layers, got {sorted(backends) or 'none'}")
+    layout = getattr(kv_cache_config, "kv_cache_layout", None)
+    if layout is None:
+        layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+    return PagedFormat(backends.pop(), getattr(layout, "name", str(layout)))
 
 
 class ObjectCacheConnector(KVConnectorBase_V1):
@@ -123,7 +136,10 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     # -- worker side -----------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register(kv_caches, _layer_order(list(kv_caches)))
+        fmt = _paged_format(self._vllm_config, self._kv_cache_config, list(kv_caches))
+        if fmt.namespace_layout not in self.namespace.split("/"):
+            raise ValueError(f"{fmt.backend} stores {fmt.namespace_layout} chunks but the namespace {self.namespace!r} says otherwise")
+        self._worker.register(kv_caches, _layer_order(list(kv_caches)), fmt)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

@@ -26,7 +26,7 @@ from protocol.errors import ErrorCode, S3Error
 
 from ..layout import KVLayout
 from ..sync import SyncObjectCacheClient
-from .blocks import chunk_view, layer_from_bytes, layout_of
+from .blocks import PagedFormat, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of
 from .plan import ChunkTransfer, first_blocks, merge
 
 log = logging.getLogger("objectcache.vllm")
@@ -50,7 +50,7 @@ class _Load:
 class _Save:
     keys: list[str]
     blocks: torch.Tensor
-    chunks: torch.Tensor                 # [N, L, 2, T, H, D]: chunk j is chunks[j], KV_L2TD
+    chunks: torch.Tensor                 # [N, L, *chunk layer]: chunk j is chunks[j] (KV_L2TD, or MLA's [L, T, latent])
     gathered: set[int] = field(default_factory=set)
 
 
@@ -65,6 +65,7 @@ class WorkerSide:
         self.layer_index: dict[str, int] = {}
         self.views: list[torch.Tensor] = []
         self.layout: KVLayout | None = None
+        self.format = PagedFormat("CPU_ATTN")
         self.dtype: torch.dtype | None = None
         self._load: _Load | None = None
         self._save: _Save | None = None
@@ -72,11 +73,18 @@ class WorkerSide:
         self._puts: list[Future] = []
         self.stats = {"loaded_chunks": 0, "failed_loads": 0, "saved_chunks": 0, "failed_saves": 0}
 
-    def register(self, kv_caches: dict[str, torch.Tensor], order: list[str]) -> None:
-        """Learn the paged KV tensors; ``order`` is the layer names in model order."""
+    def register(self, kv_caches: dict[str, torch.Tensor], order: list[str], fmt: PagedFormat = PagedFormat("CPU_ATTN")) -> None:
+        """Learn the paged KV tensors; ``order`` is the layer names in model order, ``fmt`` the backend's paged format."""
+        devices = {t.device.type for t in kv_caches.values()}
+        if devices != {"cpu"}:
+            # The layouts are verified on CPU tensors; the host → GPU copy (side stream, one event
+            # per layer) is not written yet, and a copy on the wrong stream would race attention.
+            raise ValueError(f"KV cache on {', '.join(sorted(devices))}: ObjectCache's connector moves KV only for "
+                             "KV caches in host memory (vLLM's CPU backend) so far")
+        self.format = fmt
         self.layer_index = {name: i for i, name in enumerate(order)}
-        self.views = [chunk_view(kv_caches[name], self.block_size) for name in order]
-        self.layout = layout_of(self.views)
+        self.views = [chunk_view(kv_caches[name], self.block_size, fmt) for name in order]
+        self.layout = layout_of(self.views, fmt)
         self.dtype = self.views[0].dtype
 
     # -- load ------------------------------------------------------------------------
@@ -104,7 +112,7 @@ class WorkerSide:
         n = len(job.keys)
         async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode) as layers:
             async for layer, view in layers:
-                src = layer_from_bytes(view, n, self.layout, self.dtype)
+                src = layer_from_bytes(view, n, self.layout, self.dtype, self.format)
                 with job.lock:
                     if job.abandoned:
                         return
@@ -163,7 +171,7 @@ class WorkerSide:
             return
         keys, chunk_index, block_ids = merge(saves)
         lay = self.layout
-        chunks = torch.empty((len(keys), lay.num_layers, 2, lay.chunk_tokens, lay.kv_heads, lay.head_dim), dtype=self.dtype)
+        chunks = torch.empty((len(keys), lay.num_layers, *chunk_layer_shape(lay, self.format)), dtype=self.dtype)
         self._save = _Save(keys, torch.tensor(first_blocks(keys, chunk_index, block_ids)), chunks)
 
     def save_layer(self, layer_name: str) -> None:
