@@ -31,6 +31,7 @@ class ConnectorConfig:
     namespace: str = ""          # "" → derived from the model, KV dtype and parallel ranks (see :func:`namespace`)
     load_timeout_s: float = 60.0  # a layer not in place after this long fails the load (the request recomputes)
     mode: str = "auto"            # kv-get assembly: the storage server's choice, or always layer by layer / chunk by chunk
+    load_budget_s: float = 0.0    # a step's load not in place this long after it started is abandoned (recomputed); 0: none
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "ConnectorConfig":
@@ -50,13 +51,32 @@ class ConnectorConfig:
             raise ValueError(f"kv_connector_extra_config: transport must be one of {', '.join(TRANSPORTS)}, not {values['transport']!r}")
         if values.get("mode", "auto") not in MODES:
             raise ValueError(f"kv_connector_extra_config: mode must be one of {', '.join(MODES)}, not {values['mode']!r}")
-        try:
-            values["load_timeout_s"] = float(values.get("load_timeout_s", cls.load_timeout_s))
-        except (TypeError, ValueError):
-            raise ValueError(f"kv_connector_extra_config: load_timeout_s must be a number, not {values['load_timeout_s']!r}") from None
+        values["load_timeout_s"] = _seconds("load_timeout_s", values.get("load_timeout_s", cls.load_timeout_s))
         if values["load_timeout_s"] <= 0:
             raise ValueError("kv_connector_extra_config: load_timeout_s must be > 0")
-        return cls(**{k: str(v) if k != "load_timeout_s" else v for k, v in values.items()})
+        values["load_budget_s"] = _seconds("load_budget_s", values.get("load_budget_s", cls.load_budget_s))
+        return cls(**{k: v if k in SECONDS else str(v) for k, v in values.items()})
+
+
+SECONDS = ("load_timeout_s", "load_budget_s")
+REQUEST_BUDGET = "objectcache_load_budget_s"  # the key in a request's kv_transfer_params
+
+
+def _seconds(name: str, value: Any, where: str = "kv_connector_extra_config") -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {name} must be a number, not {value!r}") from None
+    if seconds < 0 or seconds != seconds:
+        raise ValueError(f"{where}: {name} must be >= 0, not {value!r}")
+    return seconds
+
+
+def request_budget(kv_transfer_params: Mapping[str, Any] | None) -> float | None:
+    """A request's own load budget (``kv_transfer_params["objectcache_load_budget_s"]``), or None; 0 means none."""
+    if not kv_transfer_params or kv_transfer_params.get(REQUEST_BUDGET) is None:
+        return None
+    return _seconds(REQUEST_BUDGET, kv_transfer_params[REQUEST_BUDGET], "kv_transfer_params") or None
 
 
 def namespace(config: ConnectorConfig, model: str, kv_dtype: str, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1, *,

@@ -20,6 +20,7 @@ class ChunkTransfer:
     req_id: str
     keys: tuple[str, ...]
     block_ids: tuple[int, ...]
+    budget_s: float | None = None   # a load's own deadline (seconds from its start), if the request set one
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.block_ids):
@@ -90,6 +91,12 @@ def merge(transfers: Iterable[ChunkTransfer]) -> tuple[list[str], list[int], lis
             chunk_index.append(index[key])
             block_ids.append(block)
     return keys, chunk_index, block_ids
+
+
+def load_budget(transfers: Iterable[ChunkTransfer], default_s: float) -> float | None:
+    """The deadline of one merged load: the tightest of its requests' budgets and the deployment's (0: none)."""
+    budgets = [t.budget_s for t in transfers if t.budget_s] + ([default_s] if default_s > 0 else [])
+    return min(budgets) if budgets else None
 
 
 def first_blocks(keys: Sequence[str], chunk_index: Sequence[int], block_ids: Sequence[int]) -> list[int]:

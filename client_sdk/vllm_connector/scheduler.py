@@ -7,10 +7,12 @@ imports neither vLLM nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .config import request_budget
 from .plan import ChunkTransfer, RequestState, chunks_to_save, external_tokens, load_transfer
 
 log = logging.getLogger("objectcache.vllm")
@@ -63,7 +65,13 @@ class SchedulerSide:
         if num_external_tokens <= 0:
             return
         st = self.state(request)
-        st.load = load_transfer(request.request_id, st.keys, block_ids, local, num_external_tokens, self.block_size)
+        load = load_transfer(request.request_id, st.keys, block_ids, local, num_external_tokens, self.block_size)
+        try:
+            budget = request_budget(getattr(request, "kv_transfer_params", None))
+        except ValueError as e:
+            log.warning("request %s: %s; loading without its budget", request.request_id, e)
+            budget = None
+        st.load = dataclasses.replace(load, budget_s=budget)
 
     def build(self, scheduler_output: Any) -> tuple[list[ChunkTransfer], list[ChunkTransfer]]:
         """This step's ``(loads, saves)``: pending loads, and prompt blocks the step completes."""

@@ -4,8 +4,10 @@ Load: ``start_load`` sends one layer-major kv-get for all of the step's chunks; 
 lands, the I/O thread scatters it into the requests' blocks and marks it ready, and
 ``wait_for_layer`` (called by vLLM's attention before layer ℓ) returns as soon as layer ℓ is in
 place, so layer ℓ computes while ℓ+1.. are still moving. A load that fails, or a layer not in
-place within ``load_timeout_s``, marks the load's blocks failed (vLLM recomputes them); no byte
-is scattered after that, so a late layer can never land in blocks vLLM has given to someone else.
+place within ``load_timeout_s`` or by the load's deadline (its budget: the tightest of the
+deployment's ``load_budget_s`` and its requests' own), marks the load's blocks failed (vLLM
+recomputes them); no byte is scattered after that, so a late layer can never land in blocks vLLM
+has given to someone else.
 
 Save: ``save_layer`` (after layer ℓ's attention wrote the step's KV) gathers the new full blocks
 of layer ℓ into chunk buffers in KV_L2TD order; ``finish_step`` hands them to one batched put on
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -27,7 +30,7 @@ from protocol.errors import ErrorCode, S3Error
 from ..layout import KVLayout
 from ..sync import SyncObjectCacheClient
 from .blocks import PagedFormat, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of
-from .plan import ChunkTransfer, first_blocks, merge
+from .plan import ChunkTransfer, first_blocks, load_budget, merge
 
 log = logging.getLogger("objectcache.vllm")
 
@@ -44,6 +47,7 @@ class _Load:
     abandoned: bool = False
     error: BaseException | None = None
     future: Future | None = None
+    deadline: float | None = None       # time.monotonic() by which every layer must be in place (a load budget)
 
 
 @dataclass
@@ -56,8 +60,9 @@ class _Save:
 
 class WorkerSide:
     def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0,
-                 mode: str = "auto") -> None:
+                 mode: str = "auto", load_budget_s: float = 0.0) -> None:
         self.client = client
+        self.load_budget_s = load_budget_s
         self.block_size = block_size
         self.transport = transport
         self.mode = mode
@@ -96,6 +101,8 @@ class WorkerSide:
         identity = chunk_index == list(range(len(keys)))
         job = _Load(keys, None if identity else torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
                     [threading.Event() for _ in range(self.layout.num_layers)])
+        budget = load_budget(loads, self.load_budget_s)
+        job.deadline = None if budget is None else time.monotonic() + budget
         self._load = job
 
         def done(f: Future) -> None:
@@ -126,10 +133,17 @@ class WorkerSide:
         layer = self.layer_index.get(layer_name)
         if job is None or layer is None:
             return
-        if not job.ready[layer].wait(self.load_timeout_s):
-            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s")
+        if not job.ready[layer].wait(self._wait_s(job)):
+            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s" if job.deadline is None
+                                     else f"layer {layer} was not in place within the load budget")
         if layer not in job.landed:
             self._fail(job)
+
+    def _wait_s(self, job: _Load) -> float:
+        """How long one more wait on this load may take: the per-layer timeout, cut at the load's deadline."""
+        if job.deadline is None:
+            return self.load_timeout_s
+        return max(0.0, min(self.load_timeout_s, job.deadline - time.monotonic()))
 
     def _fail(self, job: _Load) -> None:
         with job.lock:
@@ -151,7 +165,7 @@ class WorkerSide:
             return
         if job.future is not None and not job.future.done():
             try:
-                job.future.result(self.load_timeout_s)
+                job.future.result(self._wait_s(job))
             except BaseException as e:  # noqa: BLE001 — reported below as failed blocks
                 job.error = job.error or e
         if len(job.landed) < len(job.ready):
