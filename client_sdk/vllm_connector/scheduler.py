@@ -33,10 +33,12 @@ class SchedulerSide:
         self.block_ids = block_ids
         self.requests: dict[str, RequestState] = {}
         self._local_tokens: dict[str, int] = {}   # num_computed_tokens vLLM passed with the last hit
+        self._live: dict[str, Any] = {}           # vLLM's request objects: their token lists grow as they decode
 
     def state(self, request: Any) -> RequestState:
         """The request's keys, made once from its prompt and its ``cache_salt`` (vLLM's per-request salt, if any)."""
         st = self.requests.get(request.request_id)
+        self._live[request.request_id] = request
         if st is None:
             st = self.requests[request.request_id] = RequestState.for_prompt(
                 request.prompt_token_ids or [], self.block_size, self.namespace, getattr(request, "cache_salt", None))
@@ -88,7 +90,13 @@ class SchedulerSide:
                 # state (and so its cache_salt) the keys are unknown, and a guess could cross salts.
                 log.warning("request %s: scheduled before its lookup; not saving it", req_id)
                 continue
-            todo = chunks_to_save(st, computed + scheduler_output.num_scheduled_tokens.get(req_id, 0), self.block_size)
+            after = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            live = self._live.get(req_id)
+            if live is not None and not scheduler_output.scheduled_spec_decode_tokens.get(req_id):
+                # Decode fills blocks with generated tokens: save them too (a later turn's prompt holds
+                # this answer). Not with speculative tokens, which may yet be rejected.
+                st.extend(live.all_token_ids, after, self.block_size, self.namespace)
+            todo = chunks_to_save(st, after, self.block_size)
             if not todo or self.block_ids is None:
                 continue
             blocks = self.block_ids(req_id)
@@ -111,3 +119,4 @@ class SchedulerSide:
     def request_finished(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
         self._local_tokens.pop(req_id, None)
+        self._live.pop(req_id, None)
