@@ -8,6 +8,11 @@ whole history, not just the chunk), the result is the same in every process
 and on every machine (no Python ``hash()``), and the namespace — use the model
 name and anything else that changes KV values — keeps models apart. Only full
 chunks get keys; a trailing partial chunk is not cacheable.
+
+A ``salt`` (vLLM's per-request ``cache_salt``) replaces the seed by
+``BLAKE2b-128(H_-1 || BLAKE2b-128("salt\0" || salt))``: requests with different salts (or a
+salt and none) never share a key, while the key's readable prefix stays the namespace. The
+salt itself never appears in a key.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ DIGEST_BYTES = 16
 DOMAIN = b"objectcache/v1\0"
 
 
-def chunk_keys(token_ids: Sequence[int] | np.ndarray, chunk_tokens: int, namespace: str) -> list[str]:
+def chunk_keys(token_ids: Sequence[int] | np.ndarray, chunk_tokens: int, namespace: str, salt: str | None = None) -> list[str]:
     if chunk_tokens < 1:
         raise ValueError("chunk_tokens must be at least 1")
     if not namespace or "\n" in namespace:
@@ -34,6 +39,9 @@ def chunk_keys(token_ids: Sequence[int] | np.ndarray, chunk_tokens: int, namespa
     data = tokens.astype("<u4", copy=False).tobytes()
     step = chunk_tokens * 4
     h = hashlib.blake2b(DOMAIN + namespace.encode(), digest_size=DIGEST_BYTES).digest()
+    if salt:
+        salted = hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=DIGEST_BYTES).digest()
+        h = hashlib.blake2b(h + salted, digest_size=DIGEST_BYTES).digest()
     keys = []
     for i in range(len(tokens) // chunk_tokens):
         h = hashlib.blake2b(h + data[i * step : (i + 1) * step], digest_size=DIGEST_BYTES).digest()

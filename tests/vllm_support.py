@@ -4,7 +4,7 @@
 connector, ``extra_config``. With ``prompts`` and ``max_tokens`` it generates once and prints
 ``RESULT [{"tokens": [...], "cached": n}, ...]`` (one per prompt, in order); without them it
 serves commands, one JSON line each on stdin, each answered by one ``RESULT`` line:
-``{"op": "generate", "prompts": [...], "max_tokens": n}`` and ``{"op": "stats"}`` (the
+``{"op": "generate", "prompts": [...], "max_tokens": n}`` (optionally ``"salts"`` and ``"transfer_params"``: each prompt's ``cache_salt`` and ``kv_transfer_params``) and ``{"op": "stats"}`` (the
 connector's counts in this process). Engines never run inside the test process: vLLM scans and
 patches every loaded module at start-up, which the test process's many libraries break.
 """
@@ -42,14 +42,22 @@ def make_llm(model: str, extra_config: dict[str, Any] | None):
                kv_cache_memory_bytes=32 << 20, seed=0, kv_transfer_config=kv)
 
 
-def generate(llm, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
-    """Greedy decoding, one prompt at a time (each its own engine steps)."""
+def generate(llm, prompts: list[list[int]], max_tokens: int, salts: list[str | None] | None = None,
+             transfer_params: list[dict | None] | None = None) -> list[dict[str, Any]]:
+    """Greedy decoding, one prompt at a time (each its own engine steps).
+
+    ``salts[i]`` is prompt i's ``cache_salt``, ``transfer_params[i]`` its ``kv_transfer_params``.
+    """
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results = []
-    for p in prompts:
-        out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+    for i, p in enumerate(prompts):
+        prompt: dict[str, Any] = {"prompt_token_ids": p}
+        if salts and salts[i] is not None:
+            prompt["cache_salt"] = salts[i]
+        extra = {"kv_transfer_params": transfer_params[i]} if transfer_params and transfer_params[i] else None
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
         results.append({"tokens": list(out.outputs[0].token_ids), "cached": out.num_cached_tokens or 0})
     return results
 
@@ -64,7 +72,7 @@ def main(spec_path: str) -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "generate":
-            out: Any = generate(llm, cmd["prompts"], cmd["max_tokens"])
+            out: Any = generate(llm, cmd["prompts"], cmd["max_tokens"], cmd.get("salts"), cmd.get("transfer_params"))
         elif cmd["op"] == "stats":
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 

@@ -31,6 +31,7 @@ class ConnectorConfig:
     namespace: str = ""          # "" → derived from the model, KV dtype and parallel ranks (see :func:`namespace`)
     load_timeout_s: float = 60.0  # a layer not in place after this long fails the load (the request recomputes)
     mode: str = "auto"            # kv-get assembly: the storage server's choice, or always layer by layer / chunk by chunk
+    load_budget_s: float = 0.0    # a step's load not in place this long after it started is abandoned (recomputed); 0: none
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "ConnectorConfig":
@@ -50,25 +51,49 @@ class ConnectorConfig:
             raise ValueError(f"kv_connector_extra_config: transport must be one of {', '.join(TRANSPORTS)}, not {values['transport']!r}")
         if values.get("mode", "auto") not in MODES:
             raise ValueError(f"kv_connector_extra_config: mode must be one of {', '.join(MODES)}, not {values['mode']!r}")
-        try:
-            values["load_timeout_s"] = float(values.get("load_timeout_s", cls.load_timeout_s))
-        except (TypeError, ValueError):
-            raise ValueError(f"kv_connector_extra_config: load_timeout_s must be a number, not {values['load_timeout_s']!r}") from None
+        values["load_timeout_s"] = _seconds("load_timeout_s", values.get("load_timeout_s", cls.load_timeout_s))
         if values["load_timeout_s"] <= 0:
             raise ValueError("kv_connector_extra_config: load_timeout_s must be > 0")
-        return cls(**{k: str(v) if k != "load_timeout_s" else v for k, v in values.items()})
+        values["load_budget_s"] = _seconds("load_budget_s", values.get("load_budget_s", cls.load_budget_s))
+        return cls(**{k: v if k in SECONDS else str(v) for k, v in values.items()})
 
 
-def namespace(config: ConnectorConfig, model: str, kv_dtype: str, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> str:
+SECONDS = ("load_timeout_s", "load_budget_s")
+REQUEST_BUDGET = "objectcache_load_budget_s"  # the key in a request's kv_transfer_params
+
+
+def _seconds(name: str, value: Any, where: str = "kv_connector_extra_config") -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {name} must be a number, not {value!r}") from None
+    if seconds < 0 or seconds != seconds:
+        raise ValueError(f"{where}: {name} must be >= 0, not {value!r}")
+    return seconds
+
+
+def request_budget(kv_transfer_params: Mapping[str, Any] | None) -> float | None:
+    """A request's own load budget (``kv_transfer_params["objectcache_load_budget_s"]``), or None; 0 means none."""
+    if not kv_transfer_params or kv_transfer_params.get(REQUEST_BUDGET) is None:
+        return None
+    return _seconds(REQUEST_BUDGET, kv_transfer_params[REQUEST_BUDGET], "kv_transfer_params") or None
+
+
+def namespace(config: ConnectorConfig, model: str, kv_dtype: str, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1, *,
+              revision: str | None = None, block_size: int | None = None, layout: str | None = None) -> str:
     """The chunk-key namespace of one KV shard.
 
-    KV bytes depend on the model, the KV cache dtype and which heads (tensor-parallel rank) and
-    layers (pipeline stage) a worker holds, so all of them are in the namespace: different models
-    and shards never share keys. A configured ``namespace`` replaces the model part (use it when
-    the same weights are served from different paths); the dtype and ranks are always appended.
+    KV bytes depend on the model and its weights revision, the KV cache dtype, the block size (one
+    block is one chunk), the chunk layout (K/V pairs or MLA's latent vector) and which heads
+    (tensor-parallel rank) and layers (pipeline stage) a worker holds, so all of them are in the
+    namespace: different models, revisions and shards never share keys. A configured
+    ``namespace`` replaces the model part (use it when the same weights are served from different
+    paths); the revision and everything else are always appended. The connector passes every keyword; a request's
+    ``cache_salt`` goes into the hash (:func:`client_sdk.chunk_keys`), not here.
     """
-    base = config.namespace or f"vllm/{model.rstrip('/')}"
-    ns = f"{base}/{kv_dtype}/tp{tp_rank}of{tp_size}" + (f"/pp{pp_rank}of{pp_size}" if pp_size > 1 else "")
+    base = (config.namespace or f"vllm/{model.rstrip('/')}") + (f"@{revision}" if revision else "")
+    ns = f"{base}/{kv_dtype}" + (f"/b{block_size}" if block_size else "") + (f"/{layout}" if layout else "")
+    ns += f"/tp{tp_rank}of{tp_size}" + (f"/pp{pp_rank}of{pp_size}" if pp_size > 1 else "")
     if "\n" in ns or len(ns.encode()) > MAX_NAMESPACE_BYTES:
         raise ValueError(f"the chunk namespace {ns[:80]!r}... is not a single line of at most {MAX_NAMESPACE_BYTES} bytes; "
                          "set kv_connector_extra_config.namespace")

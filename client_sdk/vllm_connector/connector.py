@@ -15,6 +15,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from ..sync import SyncObjectCacheClient
+from .blocks import PagedFormat
 from .config import ConnectorConfig, namespace
 from .plan import ChunkTransfer
 from .scheduler import SchedulerSide
@@ -53,6 +54,18 @@ def _layer_order(names: list[str]) -> list[str]:
         return list(names)
 
 
+def _paged_format(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None", names: list[str]) -> PagedFormat:
+    """The layers' paged format, from vLLM itself: each layer's attention backend and the resolved KV cache layout."""
+    context = vllm_config.compilation_config.static_forward_context
+    backends = {context[n].get_attn_backend().get_name() for n in names if n in context}
+    if len(backends) != 1:
+        raise ValueError(f"ObjectCache's connector needs one attention backend for all KV layers, got {sorted(backends) or 'none'}")
+    layout = getattr(kv_cache_config, "kv_cache_layout", None)
+    if layout is None:
+        layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+    return PagedFormat(backends.pop(), getattr(layout, "name", str(layout)))
+
+
 class ObjectCacheConnector(KVConnectorBase_V1):
     """Prefix KV cache in ObjectCache, loaded layer by layer inside vLLM's forward pass."""
 
@@ -62,6 +75,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         parallel = vllm_config.parallel_config
         model, dtype = vllm_config.model_config.model, _kv_dtype(vllm_config)
+        # Everything that changes KV bytes is in the namespace (the request's cache_salt goes into the hash).
+        identity = {"revision": vllm_config.model_config.revision, "block_size": self.block_size,
+                    "layout": "mla" if vllm_config.model_config.use_mla else "kv"}
         c = self.config
         self.client = SyncObjectCacheClient(c.endpoint, c.access_key, c.secret_key, c.bucket, c.region)
         self._scheduler: SchedulerSide | None = None
@@ -69,7 +85,7 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             # Lookups use rank 0's keys: every rank stores the same chunks of its own shard. A rank
             # whose chunk is missing after all fails its load, and vLLM recomputes.
-            self.namespace = namespace(c, model, dtype, 0, parallel.tensor_parallel_size, 0, parallel.pipeline_parallel_size)
+            self.namespace = namespace(c, model, dtype, 0, parallel.tensor_parallel_size, 0, parallel.pipeline_parallel_size, **identity)
             try:
                 self.client.ensure_bucket()
             except Exception as e:  # noqa: BLE001 — an unreachable cache at start-up is a miss, not a crash
@@ -79,8 +95,8 @@ class ObjectCacheConnector(KVConnectorBase_V1):
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
             self.namespace = namespace(c, model, dtype, get_tensor_model_parallel_rank(), parallel.tensor_parallel_size,
-                                       get_pp_group().rank_in_group, parallel.pipeline_parallel_size)
-            self._worker = WorkerSide(self.client, self.block_size, c.transport, c.load_timeout_s, c.mode)
+                                       get_pp_group().rank_in_group, parallel.pipeline_parallel_size, **identity)
+            self._worker = WorkerSide(self.client, self.block_size, c.transport, c.load_timeout_s, c.mode, c.load_budget_s)
         log.info("ObjectCache connector (%s): %s bucket %s, namespace %s, transport %s", role.name.lower(), c.endpoint, c.bucket,
                  self.namespace, c.transport)
 
@@ -120,7 +136,10 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     # -- worker side -----------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register(kv_caches, _layer_order(list(kv_caches)))
+        fmt = _paged_format(self._vllm_config, self._kv_cache_config, list(kv_caches))
+        if fmt.namespace_layout not in self.namespace.split("/"):
+            raise ValueError(f"{fmt.backend} stores {fmt.namespace_layout} chunks but the namespace {self.namespace!r} says otherwise")
+        self._worker.register(kv_caches, _layer_order(list(kv_caches)), fmt)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

@@ -20,6 +20,7 @@ class ChunkTransfer:
     req_id: str
     keys: tuple[str, ...]
     block_ids: tuple[int, ...]
+    budget_s: float | None = None   # a load's own deadline (seconds from its start), if the request set one
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.block_ids):
@@ -30,16 +31,24 @@ class ChunkTransfer:
 class RequestState:
     """What the scheduler side remembers about one request."""
 
-    keys: list[str]      # one per full block of the prompt
+    keys: list[str]      # one per full block of the prompt, then of the generated tokens as decoding fills blocks
     loadable: int        # how many of them a load may cover: vLLM always computes the prompt's last token
     stored: int = 0      # leading chunks known to be in ObjectCache or already handed to a save
     load: ChunkTransfer | None = field(default=None)
+    salt: str | None = None
 
     @classmethod
-    def for_prompt(cls, prompt_token_ids: Sequence[int], block_size: int, namespace: str) -> "RequestState":
+    def for_prompt(cls, prompt_token_ids: Sequence[int], block_size: int, namespace: str, salt: str | None = None) -> "RequestState":
+        """``salt``: the request's ``cache_salt`` (its keys then never meet another salt's or an unsalted request's)."""
         n = len(prompt_token_ids)
-        keys = chunk_keys(list(prompt_token_ids), block_size, namespace) if n >= block_size else []
-        return cls(keys=keys, loadable=loadable_chunks(n, block_size))
+        keys = chunk_keys(list(prompt_token_ids), block_size, namespace, salt) if n >= block_size else []
+        return cls(keys=keys, loadable=loadable_chunks(n, block_size), salt=salt)
+
+    def extend(self, token_ids: Sequence[int], computed_tokens: int, block_size: int, namespace: str) -> None:
+        """Keys for every block whose KV is computed by now, generated tokens included (for the next turn's prompt)."""
+        full = min(computed_tokens, len(token_ids)) // block_size
+        if full > len(self.keys):
+            self.keys = chunk_keys(list(token_ids[:full * block_size]), block_size, namespace, self.salt)
 
 
 def loadable_chunks(num_prompt_tokens: int, block_size: int) -> int:
@@ -65,7 +74,7 @@ def load_transfer(req_id: str, keys: Sequence[str], block_ids: Sequence[int], nu
 
 
 def chunks_to_save(state: RequestState, tokens_computed_after_step: int, block_size: int) -> range:
-    """Prompt chunks that become complete in this step and are not stored yet."""
+    """Chunks (prompt or generated) that become complete in this step and are not stored yet."""
     end = min(len(state.keys), tokens_computed_after_step // block_size)
     return range(state.stored, max(state.stored, end))
 
@@ -89,6 +98,12 @@ def merge(transfers: Iterable[ChunkTransfer]) -> tuple[list[str], list[int], lis
             chunk_index.append(index[key])
             block_ids.append(block)
     return keys, chunk_index, block_ids
+
+
+def load_budget(transfers: Iterable[ChunkTransfer], default_s: float) -> float | None:
+    """The deadline of one merged load: the tightest of its requests' budgets and the deployment's (0: none)."""
+    budgets = [t.budget_s for t in transfers if t.budget_s] + ([default_s] if default_s > 0 else [])
+    return min(budgets) if budgets else None
 
 
 def first_blocks(keys: Sequence[str], chunk_index: Sequence[int], block_ids: Sequence[int]) -> list[int]:

@@ -7,10 +7,12 @@ imports neither vLLM nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .config import request_budget
 from .plan import ChunkTransfer, RequestState, chunks_to_save, external_tokens, load_transfer
 
 log = logging.getLogger("objectcache.vllm")
@@ -31,11 +33,15 @@ class SchedulerSide:
         self.block_ids = block_ids
         self.requests: dict[str, RequestState] = {}
         self._local_tokens: dict[str, int] = {}   # num_computed_tokens vLLM passed with the last hit
+        self._live: dict[str, Any] = {}           # vLLM's request objects: their token lists grow as they decode
 
-    def state(self, req_id: str, prompt_token_ids: list[int] | None) -> RequestState:
-        st = self.requests.get(req_id)
+    def state(self, request: Any) -> RequestState:
+        """The request's keys, made once from its prompt and its ``cache_salt`` (vLLM's per-request salt, if any)."""
+        st = self.requests.get(request.request_id)
+        self._live[request.request_id] = request
         if st is None:
-            st = self.requests[req_id] = RequestState.for_prompt(prompt_token_ids or [], self.block_size, self.namespace)
+            st = self.requests[request.request_id] = RequestState.for_prompt(
+                request.prompt_token_ids or [], self.block_size, self.namespace, getattr(request, "cache_salt", None))
         return st
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
@@ -44,7 +50,7 @@ class SchedulerSide:
         Loads are synchronous (``False``): the worker streams them layer by layer inside the
         forward pass. An unreachable ObjectCache means no hit (the request computes), never an error.
         """
-        st = self.state(request.request_id, request.prompt_token_ids)
+        st = self.state(request)
         if st.loadable * self.block_size <= num_computed_tokens:
             return 0, False
         try:
@@ -60,8 +66,14 @@ class SchedulerSide:
         local = self._local_tokens.pop(request.request_id, 0)
         if num_external_tokens <= 0:
             return
-        st = self.state(request.request_id, request.prompt_token_ids)
-        st.load = load_transfer(request.request_id, st.keys, block_ids, local, num_external_tokens, self.block_size)
+        st = self.state(request)
+        load = load_transfer(request.request_id, st.keys, block_ids, local, num_external_tokens, self.block_size)
+        try:
+            budget = request_budget(getattr(request, "kv_transfer_params", None))
+        except ValueError as e:
+            log.warning("request %s: %s; loading without its budget", request.request_id, e)
+            budget = None
+        st.load = dataclasses.replace(load, budget_s=budget)
 
     def build(self, scheduler_output: Any) -> tuple[list[ChunkTransfer], list[ChunkTransfer]]:
         """This step's ``(loads, saves)``: pending loads, and prompt blocks the step completes."""
@@ -71,9 +83,20 @@ class SchedulerSide:
                 loads.append(st.load)
                 st.load = None
         saves = []
-        for req_id, prompt, computed in self._scheduled(scheduler_output):
-            st = self.state(req_id, prompt)
-            todo = chunks_to_save(st, computed + scheduler_output.num_scheduled_tokens.get(req_id, 0), self.block_size)
+        for req_id, computed in self._scheduled(scheduler_output):
+            st = self.requests.get(req_id)
+            if st is None:
+                # vLLM asks get_num_new_matched_tokens for every new request first; without its
+                # state (and so its cache_salt) the keys are unknown, and a guess could cross salts.
+                log.warning("request %s: scheduled before its lookup; not saving it", req_id)
+                continue
+            after = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            live = self._live.get(req_id)
+            if live is not None and not scheduler_output.scheduled_spec_decode_tokens.get(req_id):
+                # Decode fills blocks with generated tokens: save them too (a later turn's prompt holds
+                # this answer). Not with speculative tokens, which may yet be rejected.
+                st.extend(live.all_token_ids, after, self.block_size, self.namespace)
+            todo = chunks_to_save(st, after, self.block_size)
             if not todo or self.block_ids is None:
                 continue
             blocks = self.block_ids(req_id)
@@ -85,14 +108,15 @@ class SchedulerSide:
         return loads, saves
 
     @staticmethod
-    def _scheduled(out: Any) -> Iterator[tuple[str, list[int] | None, int]]:
-        """``(req_id, prompt or None, num_computed_tokens)`` of every request in the step."""
+    def _scheduled(out: Any) -> Iterator[tuple[str, int]]:
+        """``(req_id, num_computed_tokens)`` of every request in the step."""
         for new in out.scheduled_new_reqs:
-            yield new.req_id, new.prompt_token_ids, new.num_computed_tokens
+            yield new.req_id, new.num_computed_tokens
         cached = out.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
-            yield req_id, None, cached.num_computed_tokens[i]
+            yield req_id, cached.num_computed_tokens[i]
 
     def request_finished(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
         self._local_tokens.pop(req_id, None)
+        self._live.pop(req_id, None)

@@ -4,8 +4,10 @@ Load: ``start_load`` sends one layer-major kv-get for all of the step's chunks; 
 lands, the I/O thread scatters it into the requests' blocks and marks it ready, and
 ``wait_for_layer`` (called by vLLM's attention before layer ℓ) returns as soon as layer ℓ is in
 place, so layer ℓ computes while ℓ+1.. are still moving. A load that fails, or a layer not in
-place within ``load_timeout_s``, marks the load's blocks failed (vLLM recomputes them); no byte
-is scattered after that, so a late layer can never land in blocks vLLM has given to someone else.
+place within ``load_timeout_s`` or by the load's deadline (its budget: the tightest of the
+deployment's ``load_budget_s`` and its requests' own), marks the load's blocks failed (vLLM
+recomputes them); no byte is scattered after that, so a late layer can never land in blocks vLLM
+has given to someone else.
 
 Save: ``save_layer`` (after layer ℓ's attention wrote the step's KV) gathers the new full blocks
 of layer ℓ into chunk buffers in KV_L2TD order; ``finish_step`` hands them to one batched put on
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -26,8 +29,8 @@ from protocol.errors import ErrorCode, S3Error
 
 from ..layout import KVLayout
 from ..sync import SyncObjectCacheClient
-from .blocks import chunk_view, layer_from_bytes, layout_of
-from .plan import ChunkTransfer, first_blocks, merge
+from .blocks import PagedFormat, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of
+from .plan import ChunkTransfer, first_blocks, load_budget, merge
 
 log = logging.getLogger("objectcache.vllm")
 
@@ -44,20 +47,22 @@ class _Load:
     abandoned: bool = False
     error: BaseException | None = None
     future: Future | None = None
+    deadline: float | None = None       # time.monotonic() by which every layer must be in place (a load budget)
 
 
 @dataclass
 class _Save:
     keys: list[str]
     blocks: torch.Tensor
-    chunks: torch.Tensor                 # [N, L, 2, T, H, D]: chunk j is chunks[j], KV_L2TD
+    chunks: torch.Tensor                 # [N, L, *chunk layer]: chunk j is chunks[j] (KV_L2TD, or MLA's [L, T, latent])
     gathered: set[int] = field(default_factory=set)
 
 
 class WorkerSide:
     def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0,
-                 mode: str = "auto") -> None:
+                 mode: str = "auto", load_budget_s: float = 0.0) -> None:
         self.client = client
+        self.load_budget_s = load_budget_s
         self.block_size = block_size
         self.transport = transport
         self.mode = mode
@@ -65,6 +70,7 @@ class WorkerSide:
         self.layer_index: dict[str, int] = {}
         self.views: list[torch.Tensor] = []
         self.layout: KVLayout | None = None
+        self.format = PagedFormat("CPU_ATTN")
         self.dtype: torch.dtype | None = None
         self._load: _Load | None = None
         self._save: _Save | None = None
@@ -72,11 +78,18 @@ class WorkerSide:
         self._puts: list[Future] = []
         self.stats = {"loaded_chunks": 0, "failed_loads": 0, "saved_chunks": 0, "failed_saves": 0}
 
-    def register(self, kv_caches: dict[str, torch.Tensor], order: list[str]) -> None:
-        """Learn the paged KV tensors; ``order`` is the layer names in model order."""
+    def register(self, kv_caches: dict[str, torch.Tensor], order: list[str], fmt: PagedFormat = PagedFormat("CPU_ATTN")) -> None:
+        """Learn the paged KV tensors; ``order`` is the layer names in model order, ``fmt`` the backend's paged format."""
+        devices = {t.device.type for t in kv_caches.values()}
+        if devices != {"cpu"}:
+            # The layouts are verified on CPU tensors; the host → GPU copy (side stream, one event
+            # per layer) is not written yet, and a copy on the wrong stream would race attention.
+            raise ValueError(f"KV cache on {', '.join(sorted(devices))}: ObjectCache's connector moves KV only for "
+                             "KV caches in host memory (vLLM's CPU backend) so far")
+        self.format = fmt
         self.layer_index = {name: i for i, name in enumerate(order)}
-        self.views = [chunk_view(kv_caches[name], self.block_size) for name in order]
-        self.layout = layout_of(self.views)
+        self.views = [chunk_view(kv_caches[name], self.block_size, fmt) for name in order]
+        self.layout = layout_of(self.views, fmt)
         self.dtype = self.views[0].dtype
 
     # -- load ------------------------------------------------------------------------
@@ -88,6 +101,8 @@ class WorkerSide:
         identity = chunk_index == list(range(len(keys)))
         job = _Load(keys, None if identity else torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
                     [threading.Event() for _ in range(self.layout.num_layers)])
+        budget = load_budget(loads, self.load_budget_s)
+        job.deadline = None if budget is None else time.monotonic() + budget
         self._load = job
 
         def done(f: Future) -> None:
@@ -104,7 +119,7 @@ class WorkerSide:
         n = len(job.keys)
         async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode) as layers:
             async for layer, view in layers:
-                src = layer_from_bytes(view, n, self.layout, self.dtype)
+                src = layer_from_bytes(view, n, self.layout, self.dtype, self.format)
                 with job.lock:
                     if job.abandoned:
                         return
@@ -118,10 +133,17 @@ class WorkerSide:
         layer = self.layer_index.get(layer_name)
         if job is None or layer is None:
             return
-        if not job.ready[layer].wait(self.load_timeout_s):
-            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s")
+        if not job.ready[layer].wait(self._wait_s(job)):
+            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s" if job.deadline is None
+                                     else f"layer {layer} was not in place within the load budget")
         if layer not in job.landed:
             self._fail(job)
+
+    def _wait_s(self, job: _Load) -> float:
+        """How long one more wait on this load may take: the per-layer timeout, cut at the load's deadline."""
+        if job.deadline is None:
+            return self.load_timeout_s
+        return max(0.0, min(self.load_timeout_s, job.deadline - time.monotonic()))
 
     def _fail(self, job: _Load) -> None:
         with job.lock:
@@ -143,7 +165,7 @@ class WorkerSide:
             return
         if job.future is not None and not job.future.done():
             try:
-                job.future.result(self.load_timeout_s)
+                job.future.result(self._wait_s(job))
             except BaseException as e:  # noqa: BLE001 — reported below as failed blocks
                 job.error = job.error or e
         if len(job.landed) < len(job.ready):
@@ -163,7 +185,7 @@ class WorkerSide:
             return
         keys, chunk_index, block_ids = merge(saves)
         lay = self.layout
-        chunks = torch.empty((len(keys), lay.num_layers, 2, lay.chunk_tokens, lay.kv_heads, lay.head_dim), dtype=self.dtype)
+        chunks = torch.empty((len(keys), lay.num_layers, *chunk_layer_shape(lay, self.format)), dtype=self.dtype)
         self._save = _Save(keys, torch.tensor(first_blocks(keys, chunk_index, block_ids)), chunks)
 
     def save_layer(self, layer_name: str) -> None:

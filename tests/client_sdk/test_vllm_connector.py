@@ -170,10 +170,10 @@ def sdk(extra_config):
     c.close()
 
 
-def keys_of(model_dir: str, prompt: list[int]) -> list[str]:
+def keys_of(model_dir: str, prompt: list[int], salt: str | None = None) -> list[str]:
     """The chunk keys the connector gives the prompt's full blocks (rank 0 of 1)."""
-    ns = namespace(ConnectorConfig("http://unused", "a", "b"), model_dir, DTYPE, 0, 1)
-    return chunk_keys(prompt, BLOCK, ns)
+    ns = namespace(ConnectorConfig("http://unused", "a", "b"), model_dir, DTYPE, 0, 1, block_size=BLOCK, layout="kv")
+    return chunk_keys(prompt, BLOCK, ns, salt)
 
 
 def wait_stored(sdk, keys: list[str], timeout: float = 30) -> None:
