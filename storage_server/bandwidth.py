@@ -37,6 +37,7 @@ class Lease:
     pool: "BandwidthPool"
     admitted_at: float = 0.0
     bytes_sent: int = 0
+    last_reserved: int = 0  # the latest layer's bytes: counted in bytes_sent from its start, before it is sent
     _slot_held: bool = field(default=False)
 
     async def before_layer(self, nbytes: int) -> None:
@@ -46,6 +47,7 @@ class Lease:
         await self.pool._acquire_slot(self, nbytes)
         self._slot_held = True
         self.bytes_sent += nbytes
+        self.last_reserved = nbytes
 
     def after_layer(self) -> None:
         if self._slot_held:
@@ -53,10 +55,12 @@ class Lease:
             self.pool._release_slot()
 
     def describe(self) -> dict:
-        """The allocation, and the rate actually delivered: after the bucket's initial
-        burst of ``b`` bytes, a paced transfer sends ``b + r·t``, so ``(sent − b) / t`` estimates r."""
+        """The allocation, and the rate actually delivered: after the bucket's initial burst of ``b``
+        bytes, a paced transfer has started ``b + r·t`` bytes plus the layer it may start early (GCRA
+        admits a layer whole at its start), so ``(sent − b − last layer) / t`` estimates r and never
+        exceeds it."""
         elapsed = max(self.pool.clock() - self.admitted_at, 1e-9)
-        paced = max(self.bytes_sent - self.bucket.burst, 0)
+        paced = max(self.bytes_sent - self.bucket.burst - self.last_reserved, 0)
         return {"policy": self.pool.config.policy, "rate_bytes_per_s": self.rate, "epoch": self.epoch,
                 "delivered_bytes_per_s": paced / elapsed}
 
