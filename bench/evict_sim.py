@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage_server.store.cache.pins import PinCounts
 from storage_server.store.cache.policy import EvictionPolicy, make_policy
 
 BLOCK_TOKENS = 512
@@ -48,7 +49,7 @@ def working_set(trace: list[Request]) -> int:
     return len({b for r in trace for b in r.blocks})
 
 
-class BeladyPolicy:
+class BeladyPolicy(PinCounts):
     """The offline optimum's choice: the unpinned block used farthest in the future goes first; among blocks next used
     by the same request (a chain), the deepest first, since a lookup only counts a chain's leading blocks."""
 
@@ -92,21 +93,6 @@ class BeladyPolicy:
 
     def touch_chain(self, keys: Iterable[str]) -> None:
         pass
-
-    def pin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            self._pins[key] = self._pins.get(key, 0) + 1
-
-    def unpin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            n = self._pins.get(key, 0) - 1
-            if n > 0:
-                self._pins[key] = n
-            else:
-                self._pins.pop(key, None)
-
-    def pinned(self, key: str) -> bool:
-        return key in self._pins
 
     @property
     def pinned_bytes(self) -> int:

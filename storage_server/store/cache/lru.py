@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from .pins import PinCounts
 
-class LruPolicy:
+
+class LruPolicy(PinCounts):
     def __init__(self) -> None:
         self._sizes: OrderedDict[str, int] = OrderedDict()  # oldest first
         self._pins: dict[str, int] = {}
@@ -55,21 +57,6 @@ class LruPolicy:
         for key in reversed(list(keys)):
             if key in self._sizes:
                 self._sizes.move_to_end(key)
-
-    def pin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            self._pins[key] = self._pins.get(key, 0) + 1
-
-    def unpin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            n = self._pins.get(key, 0) - 1
-            if n > 0:
-                self._pins[key] = n
-            else:
-                self._pins.pop(key, None)
-
-    def pinned(self, key: str) -> bool:
-        return key in self._pins
 
     @property
     def pinned_bytes(self) -> int:

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
 
+from .pins import PinCounts
+
 # A chunk at depth d (0 = the head) recomputes attention over d earlier chunks; the
 # linear work (projections, MLP) dominates at short contexts, so cost = 1 + d × this.
 ATTENTION_SHARE = 0.02
@@ -56,7 +58,7 @@ class _Node:
     children: set[str] = field(default_factory=set)
 
 
-class PrefixTreePolicy:
+class PrefixTreePolicy(PinCounts):
     def __init__(self, hit_weight: float = HIT_WEIGHT, lineage_weight: float = LINEAGE_WEIGHT, attention_share: float = ATTENTION_SHARE,
                  ghosts: int = GHOSTS) -> None:
         self._nodes: dict[str, _Node] = {}
@@ -174,21 +176,6 @@ class PrefixTreePolicy:
                 node.hits += 1
                 self._reprice(key, node)
             prev = key
-
-    def pin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            self._pins[key] = self._pins.get(key, 0) + 1
-
-    def unpin(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            n = self._pins.get(key, 0) - 1
-            if n > 0:
-                self._pins[key] = n
-            else:
-                self._pins.pop(key, None)
-
-    def pinned(self, key: str) -> bool:
-        return key in self._pins
 
     @property
     def pinned_bytes(self) -> int:
