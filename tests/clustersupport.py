@@ -20,7 +20,9 @@ def cluster_key() -> str:
 def node_config(root: Path, name: str, upstream, tenants: list[TenantKeys], key: str, port: int, *,
                 peers: dict[str, int] | None = None, registry: bool = True, cache_bytes: int = 1 << 30, **cluster: object) -> Path:
     """A node with the s3 backend over ``upstream`` and a ``[cluster]`` table (its peer listener on ``port``)."""
-    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 5, "lookup_timeout_s": 2.0, "peer_timeout_s": 2.0, **cluster}
+    # Generous deadlines: on a loaded 2-core CI a 2 s lookup or stream deadline expired and the kv-get fell back to the
+    # upstream (the paths a test counts must not depend on speed); tests of timeouts set their own.
+    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 5, "lookup_timeout_s": 10.0, "peer_timeout_s": 10.0, **cluster}
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
     static = json.dumps([f"{n}=127.0.0.1:{p}" for n, p in (peers or {}).items()])
     text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{upstream.config()}'

@@ -172,7 +172,8 @@ def test_unknown_kv_layouts_are_refused_at_registration_with_a_message(parts, sh
 
     _, client = parts
     w = WorkerSide(client, T, "auto", 30.0, mode="layerwise")
-    with pytest.raises(ValueError, match="CPU attention layout"):
+    # Refused naming what vLLM's CPU backend stores instead (the backend's own layout, client_sdk/vllm_connector/blocks.py).
+    with pytest.raises(ValueError, match=r"expected a CPU_ATTN KV layer \[num_blocks, heads, \d+, content\]|CPU_ATTN KV layer's content must be 2·head_dim"):
         w.register({n: torch.zeros(shape, dtype=torch.float32) for n in NAMES}, NAMES)
     assert w.layout is None, why
 
@@ -184,8 +185,8 @@ def test_kv_caches_off_the_cpu_or_not_contiguous_or_of_an_unknown_dtype_are_refu
 
     _, client = parts
     cases = {
-        "on another device": (torch.zeros(BLOCKS, HEADS, T, 2 * D, device="meta"), "only vLLM's CPU attention layout"),
-        "not contiguous": (torch.zeros(BLOCKS, HEADS, 2 * D, T).transpose(2, 3), "not contiguous"),
+        "on another device": (torch.zeros(BLOCKS, HEADS, T, 2 * D, device="meta"), "only for KV caches in host memory"),
+        "not contiguous": (torch.zeros(BLOCKS, HEADS, 2 * D, T).transpose(2, 3), r"not contiguous|needs dense \[block_size, content\] runs"),
         "float64": (torch.zeros(BLOCKS, HEADS, T, 2 * D, dtype=torch.float64), "has no chunk dtype"),
     }
     for name, (tensor, message) in cases.items():
