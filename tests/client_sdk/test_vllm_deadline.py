@@ -66,8 +66,9 @@ def _generate(engine: Engine, params: dict | None = None) -> dict:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "seen once in a fresh-clone make test on a loaded 2-core machine: the budgeted request made no external load at all "
-    "(failed_loads unchanged, tokens right); passes alone and in the engines' runs; cause not found yet"))
+    "known defect, not yet diagnosed: on a quiet machine the budgeted request makes no external load at all (failed_loads "
+    "and loaded_chunks unchanged, tokens right), also on the branch that added it; it passed there only under heavy load. "
+    "Suspect: the repeat is served by vLLM's own prefix cache, so the budget is never exercised"))
 def test_a_request_with_a_100ms_budget_recomputes_instead_of_waiting_and_one_without_waits(engine, paced, model_dir):
     server, tenant = paced
     computed = _generate(engine)
