@@ -123,11 +123,15 @@ def shared_weed() -> WeedServer:
     return _shared_weed[0]
 
 
-def s3_backend_config(root: Path, upstream: MotoServer | WeedServer, tenants: list) -> Path:
+def s3_backend_config(root: Path, upstream: MotoServer | WeedServer, tenants: list, name: str = "",
+                      s3_extra: str = "", extra: str = "") -> Path:
     """An ``objectcache serve`` configuration on the ``s3`` backend over ``upstream``, with these tenants
-    (:class:`support.TenantKeys`), its data directory and RPC socket under ``root``."""
-    text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / "data"}"\n{upstream.config()}'
-            f'[storage_server]\nsocket = "{root / "ss.sock"}"\n')
+    (:class:`support.TenantKeys`), its data directory and RPC socket under ``root`` (``name``'s own, for one of
+    several nodes there); ``s3_extra`` goes into ``[store.s3]``, ``extra`` (whole tables) before ``[storage_server]``."""
+    data, sock, path = ((root / f"{name}-data", root / f"{name}.sock", root / f"{name}.toml") if name else
+                        (root / "data", root / "ss.sock", root / "s3-backend.toml"))
+    text = (f'[store]\nbackend = "s3"\ndata_dir = "{data}"\n{upstream.config()}{s3_extra}{extra}'
+            f'[storage_server]\nsocket = "{sock}"\n')
     text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
-    (root / "s3-backend.toml").write_text(text)
-    return root / "s3-backend.toml"
+    path.write_text(text)
+    return path

@@ -16,17 +16,13 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from support import ServerProcess, TenantKeys, boto_client, make_tenants
-from upstream import KEYS, MotoServer
+from upstream import KEYS, MotoServer, s3_backend_config
 
 ADOPTED = "adopted-by-alice"
 
 
 def node_config(root: Path, name: str, moto: MotoServer, tenants: list[TenantKeys], extra_s3: str = "") -> Path:
-    text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{moto.config()}{extra_s3}'
-            f'[storage_server]\nsocket = "{root / name}.sock"\n')
-    text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
-    (root / f"{name}.toml").write_text(text)
-    return root / f"{name}.toml"
+    return s3_backend_config(root, moto, tenants, name, s3_extra=extra_s3)
 
 
 @pytest.fixture(scope="module")

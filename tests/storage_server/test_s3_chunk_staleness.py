@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, TenantKeys, boto_client, make_tenants
-from upstream import MotoServer
+from upstream import MotoServer, s3_backend_config
 
 LAYOUT = tiny_layout(16, num_layers=8)
 N = 6
@@ -23,12 +23,7 @@ N = 6
 
 def node_config(root: Path, name: str, moto: MotoServer, tenants: list[TenantKeys], revalidate_after_s: float | None) -> Path:
     bound = "" if revalidate_after_s is None else f"revalidate_after_s = {revalidate_after_s}\n"
-    text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{moto.config()}'
-            f"[cache]\nfetch_concurrency = 4\n{bound}"
-            f'[storage_server]\nsocket = "{root / name}.sock"\n')
-    text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
-    (root / f"{name}.toml").write_text(text)
-    return root / f"{name}.toml"
+    return s3_backend_config(root, moto, tenants, name, extra=f"[cache]\nfetch_concurrency = 4\n{bound}")
 
 
 @pytest.fixture(scope="module")
