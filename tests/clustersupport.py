@@ -20,9 +20,11 @@ def cluster_key() -> str:
 def node_config(root: Path, name: str, upstream, tenants: list[TenantKeys], key: str, port: int, *,
                 peers: dict[str, int] | None = None, registry: bool = True, cache_bytes: int = 1 << 30, **cluster: object) -> Path:
     """A node with the s3 backend over ``upstream`` and a ``[cluster]`` table (its peer listener on ``port``)."""
-    # Generous deadlines: on a loaded 2-core CI a 2 s lookup or stream deadline expired and the kv-get fell back to the
-    # upstream (the paths a test counts must not depend on speed); tests of timeouts set their own.
-    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 5, "lookup_timeout_s": 10.0, "peer_timeout_s": 10.0, **cluster}
+    # Generous deadlines and liveness: on a loaded 2-core CI a 2 s lookup deadline expired, and a peer whose heartbeat
+    # rounds lag behind a busy moto must not drop out of the live set mid-test, or the kv-get falls back to the upstream
+    # (the paths a test counts must not depend on speed). A dead peer left "live" costs one refused connection, not
+    # bytes; tests of timeouts and departures set their own.
+    settings = {"heartbeat_s": 1.0, "missed_heartbeats": 30, "lookup_timeout_s": 10.0, "peer_timeout_s": 10.0, **cluster}
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
     static = json.dumps([f"{n}=127.0.0.1:{p}" for n, p in (peers or {}).items()])
     text = (f'[store]\nbackend = "s3"\ndata_dir = "{root / (name + "-data")}"\n{upstream.config()}'
@@ -62,6 +64,16 @@ def wait_for(check, timeout_s: float = 20.0, what: str = "condition"):
             return got
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def diagnose(node: ServerProcess) -> str:
+    """What a failed cluster assertion shows: the node's log lines other than access lines, and its cluster status."""
+    lines = [line for line in node.output if "objectcache.access" not in line]
+    try:
+        cluster = json.dumps(status(node)["cluster"], default=str)[:4000]
+    except OSError as e:
+        cluster = f"(status unavailable: {e})"
+    return "".join(lines[-40:]) + "\ncluster status: " + cluster
 
 
 def wait_live(node: ServerProcess, peers: set[str]) -> None:
