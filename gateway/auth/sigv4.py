@@ -124,13 +124,23 @@ def canonical_query(pairs: list[tuple[str, str]], exclude: str | None = None) ->
     return "&".join(f"{k}={v}" for k, v in enc)
 
 
+def header_text(value: str) -> str:
+    """A header value as the text its client signed: aiohttp decodes header bytes as UTF-8 with surrogate
+    escapes for bytes that are not UTF-8 (a client that sent Latin-1); those are read as Latin-1 instead."""
+    raw = value.encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
 def canonical_headers(headers: CIMultiDictProxy[str] | Mapping[str, str], signed: list[str]) -> str:
     lines = []
     for name in signed:
         values = headers.getall(name, []) if hasattr(headers, "getall") else [headers.get(name, "")]
         if not values:
             raise S3Error(ErrorCode.AccessDenied, f"Header {name!r} is signed but missing from the request.")
-        lines.append(f"{name}:{','.join(_SPACES.sub(' ', v.strip()) for v in values)}\n")
+        lines.append(f"{name}:{','.join(_SPACES.sub(' ', header_text(v).strip()) for v in values)}\n")
     return "".join(lines)
 
 

@@ -9,6 +9,7 @@ from email.utils import parsedate_to_datetime
 
 from multidict import CIMultiDictProxy
 
+from gateway.auth.sigv4 import header_text
 from protocol.checksums import ALGORITHMS
 from protocol.errors import ErrorCode, S3Error
 from storage_server.store import ByteRange, ObjectMeta, PutSpec, WriteCondition
@@ -22,19 +23,8 @@ CHECKSUM_LENGTHS = {"CRC32": 4, "CRC32C": 4, "CRC64NVME": 8, "SHA1": 20, "SHA256
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
-def _decode_meta_value(v: str) -> str:
-    """A metadata value as the client sent it: header bytes arrive as UTF-8 (with surrogate escapes), and
-    bytes that are not UTF-8 are read as Latin-1. RFC 2047 encoded-words are kept as words, so a value
-    comes back in the form it was sent in: raw UTF-8 as raw UTF-8, an encoded-word as that word."""
-    raw = v.encode("utf-8", "surrogateescape")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("latin-1")
-
-
 def user_metadata(headers: CIMultiDictProxy[str]) -> dict[str, str]:
-    meta = {k.lower()[len("x-amz-meta-"):]: _decode_meta_value(v) for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
+    meta = {k.lower()[len("x-amz-meta-"):]: header_text(v) for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
     if sum(len(k) + len(v.encode()) for k, v in meta.items()) > MAX_METADATA_BYTES:
         raise S3Error(ErrorCode.MetadataTooLarge, extra={"MaxSizeAllowed": str(MAX_METADATA_BYTES)})
     return meta
@@ -266,7 +256,7 @@ def object_headers(meta: ObjectMeta, with_checksums: bool) -> dict[str, str]:
     }
     h.update(meta.system_headers)
     for k, v in meta.user_metadata.items():
-        h[f"x-amz-meta-{k}"] = v  # sent as UTF-8 bytes, exactly as they arrived
+        h[f"x-amz-meta-{k}"] = v  # non-ASCII text is written by meta_encoding's responses
     if with_checksums:
         for alg, v in meta.checksums.items():
             h[f"x-amz-checksum-{alg.lower()}"] = v

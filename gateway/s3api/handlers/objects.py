@@ -15,6 +15,7 @@ from .. import headers as h
 from .. import xml
 from ..access import canned_acl
 from ..context import MAX_KEY_BYTES, S3Request
+from ..meta_encoding import MetadataResponse, MetadataStreamResponse
 from .common import empty, part_number, xml_response
 from .rdma_get import rdma_get_object
 
@@ -84,8 +85,8 @@ async def get_object(req: S3Request) -> web.StreamResponse:
         rng, status, headers = _response_plan(req, reader.meta)
         start, end = (rng.start, rng.end) if rng else (0, reader.meta.size)
         if end <= len(reader.head):
-            return web.Response(status=status, headers=headers, body=reader.head[start:end])
-        resp = web.StreamResponse(status=status, headers=headers)
+            return MetadataResponse(status=status, headers=headers, body=reader.head[start:end])
+        resp = MetadataStreamResponse(status=status, headers=headers)
         resp.content_length = end - start
         await resp.prepare(req.http)
         async for chunk in reader.stream(rng):
@@ -102,7 +103,7 @@ async def head_object(req: S3Request) -> web.StreamResponse:
     req.check_read(meta, bucket)
     rng, status, headers = _response_plan(req, meta)
     headers["Content-Length"] = str(rng.length if rng else meta.size)
-    return web.Response(status=status, headers=headers)
+    return MetadataResponse(status=status, headers=headers)
 
 
 async def delete_object(req: S3Request) -> web.Response:
