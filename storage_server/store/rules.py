@@ -7,7 +7,7 @@ are tested without a store.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -81,12 +81,14 @@ def check_immutable_reput(existing: ObjectMeta, new: ObjectMeta) -> None:
 # -- multipart completion ----------------------------------------------------------------------
 
 def select_parts(upload: UploadInfo, requested: list[tuple[int, str, dict[str, str]]],
-                 stored: dict[int, tuple[PartInfo, T]]) -> list[tuple[PartInfo, T]]:
+                 stored: dict[int, tuple[PartInfo, T]], attempts: Sequence[tuple[PartInfo, T]] = ()) -> list[tuple[PartInfo, T]]:
     """The stored parts a CompleteMultipartUpload names, checked as S3 checks them.
 
     ``requested``: (part number, ETag, checksums the client claims) in request order;
-    ``stored``: part number → (part, the store's handle on its bytes).
+    ``stored``: part number → (part, the store's handle on its bytes); ``attempts``: other attempts
+    at those part numbers still kept, one of which the request may name by its ETag.
     """
+    others = {(p.part_number, p.etag.strip('"')): (p, h) for p, h in attempts}
     if not requested:
         raise S3Error(ErrorCode.MalformedXML, "You must specify at least one part.")
     chosen: list[tuple[PartInfo, T]] = []
@@ -97,6 +99,8 @@ def select_parts(upload: UploadInfo, requested: list[tuple[int, str, dict[str, s
         prev = number
         hit = stored.get(number)
         if hit is None or hit[0].etag.strip('"') != etag.strip('"'):
+            hit = others.get((number, etag.strip('"')))
+        if hit is None:
             raise S3Error(ErrorCode.InvalidPart, extra={"UploadId": upload.upload_id, "PartNumber": str(number), "ETag": etag})
         for alg, value in claimed.items():
             if hit[0].checksums.get(alg) not in (None, value):

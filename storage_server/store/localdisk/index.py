@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS parts (
     started INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (upload_id, part_number)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS part_attempts (
+    upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, size INTEGER NOT NULL,
+    etag TEXT NOT NULL, mtime REAL NOT NULL, checksums TEXT NOT NULL, path TEXT NOT NULL,
+    PRIMARY KEY (upload_id, part_number, etag)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS completed_uploads (
     upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key BLOB NOT NULL, etag TEXT NOT NULL, completed REAL NOT NULL
 );
@@ -196,6 +201,7 @@ class MetadataIndex:
             uploads = [r[0] for r in db.execute("SELECT upload_id FROM uploads WHERE bucket=?", (name,))]
             for u in uploads:
                 db.execute("DELETE FROM parts WHERE upload_id=?", (u,))
+                db.execute("DELETE FROM part_attempts WHERE upload_id=?", (u,))
             db.execute("DELETE FROM uploads WHERE bucket=?", (name,))
             db.execute("DELETE FROM buckets WHERE name=?", (name,))
             return uploads
@@ -411,19 +417,45 @@ class MetadataIndex:
         return _row_to_upload(row)
 
     def commit_part(self, upload_id: str, part: PartInfo, path: str, started: int) -> str | None:
-        """Record a part, unless an upload of the same number that started later is already recorded;
-        the file that is no longer needed (the replaced part's, or this one's)."""
+        """Record a part. Of attempts at one part number the one started last is listed; the others with
+        other bytes stay in ``part_attempts`` until the upload completes or is aborted, since the client may
+        complete with any of their ETags (a re-sent part whose first attempt finished last). The file no
+        longer needed (one holding the same bytes as a kept attempt), if any."""
         def tx(db: sqlite3.Connection) -> str | None:
             if db.execute("SELECT 1 FROM uploads WHERE upload_id=?", (upload_id,)).fetchone() is None:
                 raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
-            old = db.execute("SELECT path, started FROM parts WHERE upload_id=? AND part_number=?", (upload_id, part.part_number)).fetchone()
-            if old is not None and old[1] > started:
-                return path  # a re-sent part that started later finished first: it is the one that counts
+            old = db.execute("SELECT size, etag, mtime, checksums, path, started FROM parts WHERE upload_id=? AND part_number=?",
+                             (upload_id, part.part_number)).fetchone()
+            if old is not None and old[1] == part.etag:  # the same bytes again: one file is enough
+                if old[5] > started:
+                    return path
+                db.execute("UPDATE parts SET started=?, mtime=? WHERE upload_id=? AND part_number=?", (started, part.last_modified, upload_id, part.part_number))
+                return None
+            if old is not None and old[5] > started:  # a later-started attempt is listed: this one is kept aside
+                return self._keep_attempt(db, upload_id, part, path)
+            if old is not None:
+                db.execute("DELETE FROM part_attempts WHERE upload_id=? AND part_number=? AND etag=?", (upload_id, part.part_number, part.etag))
+                self._keep_attempt(db, upload_id, PartInfo(part.part_number, old[0], old[1], old[2], json.loads(old[3])), old[4])
             db.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?,?,?,?)",
                        (upload_id, part.part_number, part.size, part.etag, part.last_modified, json.dumps(part.checksums), path, started))
-            return old[0] if old else None
+            return None
 
         return self._write(tx)
+
+    @staticmethod
+    def _keep_attempt(db: sqlite3.Connection, upload_id: str, part: PartInfo, path: str) -> str | None:
+        had = db.execute("SELECT path FROM part_attempts WHERE upload_id=? AND part_number=? AND etag=?",
+                         (upload_id, part.part_number, part.etag)).fetchone()
+        if had is not None:
+            return path  # these bytes are kept already
+        db.execute("INSERT INTO part_attempts VALUES (?,?,?,?,?,?,?)",
+                   (upload_id, part.part_number, part.size, part.etag, part.last_modified, json.dumps(part.checksums), path))
+        return None
+
+    def part_attempts(self, upload_id: str) -> list[tuple[PartInfo, str]]:
+        """The attempts at an upload's parts that are not the listed part (see :meth:`commit_part`)."""
+        rows = self.db.execute("SELECT part_number, size, etag, mtime, checksums, path FROM part_attempts WHERE upload_id=?", (upload_id,))
+        return [(PartInfo(r[0], r[1], r[2], r[3], json.loads(r[4])), r[5]) for r in rows]
 
     def parts(self, upload_id: str, after: int = 0, limit: int = 10001) -> list[tuple[PartInfo, str]]:
         rows = self.db.execute(
@@ -443,6 +475,7 @@ class MetadataIndex:
                 check_immutable_reput(_row_to_meta(row), meta)  # an upload never replaces a KV chunk's bytes
             self._insert_object(db, meta, path, bool(row[12]) if row is not None else False)
             db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+            db.execute("DELETE FROM part_attempts WHERE upload_id=?", (upload_id,))
             db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
             # Remembered for a day: a client that lost the response retries, and gets the same answer.
             db.execute("DELETE FROM completed_uploads WHERE completed < ?", (time.time() - COMPLETED_KEPT_S,))
@@ -467,6 +500,7 @@ class MetadataIndex:
     def abort_upload(self, upload_id: str) -> None:
         def tx(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
+            db.execute("DELETE FROM part_attempts WHERE upload_id=?", (upload_id,))
             db.execute("DELETE FROM uploads WHERE upload_id=?", (upload_id,))
 
         self._write(tx)

@@ -273,7 +273,7 @@ class LocalDiskStore(ObjectStore):
     async def complete_upload(self, upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]],
                               condition: WriteCondition | None = None) -> ObjectMeta:
         stored = {p.part_number: (p, path) for p, path in await self._run(self.index.parts, upload.upload_id)}
-        chosen = select_parts(upload, parts, stored)
+        chosen = select_parts(upload, parts, stored, await self._run(self.index.part_attempts, upload.upload_id))
         if condition is not None:
             await self._precheck(upload.bucket, upload.key, condition)
         meta = completed_meta(upload, [p for p, _ in chosen], time.time())

@@ -9,12 +9,16 @@ to the upstream's part list, so errors are the same as with the local store, and
 turns an immutable KV chunk into other bytes (the key is looked at just before the
 upstream completes; a chunk put in that instant is the one window left).
 
-Of two attempts at one part the one *started* last is the part, as with the local store,
-although the upstream keeps the one that *finished* last: each attempt writes a claim
+Of two attempts at one part the one *started* last is the upstream's part, although the
+upstream keeps the one that *finished* last: each attempt writes a claim
 ``.objectcache/uploads/<id>.parts/<n>`` (its start time) when it starts, and sends its
 bytes upstream only if no later attempt has claimed the part by then; within a process
-a lock per part also keeps an earlier attempt from sending after a later one. Across
-nodes two attempts whose upstream transfers overlap can still finish in either order.
+a lock per part also keeps an earlier attempt from sending after a later one. An earlier
+attempt's bytes are kept beside the upload as ``.objectcache/uploads/<id>.attempts/<n>/<md5>``
+instead, since the client may complete with its ETag (a re-sent part whose first attempt
+finished last): completion copies the attempt it names into the part (UploadPartCopy), and
+completion or abort deletes every attempt. Across nodes two attempts whose upstream
+transfers overlap can still finish in either order.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def _record_key(upload_id: str) -> str:
 def _claims(upload_id: str) -> str:
     """The prefix of an upload's part claims."""
     return _RECORDS + upload_id.replace("/", "_") + ".parts/"
+
+
+def _attempts(upload_id: str) -> str:
+    """The prefix of an upload's kept earlier attempts, ``<part number>/<md5 hex>`` under it."""
+    return _RECORDS + upload_id.replace("/", "_") + ".attempts/"
 
 
 class PartAttempts:
@@ -147,7 +156,9 @@ class UploadOps:
         native = {f"Checksum{alg}": d.checksum_values()[alg]} if alg else {}  # kept by the upstream for the composite
         async with self.attempts.lock(part):
             if not self.attempts.is_latest(part, attempt) or await self._claimed_after(upload, claim, started):
-                # A later attempt at this part has started: it is the part, and this one's bytes are not sent.
+                # A later attempt at this part has started: it is the upstream's part, this one is kept aside.
+                await self.up.call("put_object", Bucket=upload.bucket, Key=f"{_attempts(upload.upload_id)}{part_number}/{d.md5.hexdigest()}",
+                                   Body=data, Metadata={"oc-checksums": json.dumps(d.checksum_values())}, resource=resource)
                 return PartInfo(part_number, d.size, f'"{d.md5.hexdigest()}"', time.time(), d.checksum_values())
             resp = await self.up.call("upload_part", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, PartNumber=part_number,
                                       Body=data, missing=ErrorCode.NoSuchUpload, resource=resource, **native)
@@ -189,8 +200,11 @@ class UploadOps:
 
     async def complete_upload(self: "S3Store", upload: UploadInfo, parts: list[tuple[int, str, dict[str, str]]],
                               condition: WriteCondition | None = None) -> ObjectMeta:
-        stored = {p.part_number: (p, None) for p in await self._upstream_parts(upload)}
-        chosen = [p for p, _ in select_parts(upload, parts, stored)]
+        stored: dict[int, tuple[PartInfo, str | None]] = {p.part_number: (p, None) for p in await self._upstream_parts(upload)}
+        kept = await list_page(self.up, upload.bucket, _attempts(upload.upload_id), "", "", 10000, hide_reserved=False)
+        attempts = [(PartInfo(int(n), o.size, f'"{md5}"', o.last_modified), o.key)
+                    for o in kept.objects for n, _, md5 in [o.key[len(_attempts(upload.upload_id)):].partition("/")]]
+        chosen = [await self._into_part(upload, p, key) if key else p for p, key in select_parts(upload, parts, stored, attempts)]
         meta = completed_meta(upload, chosen, time.time())
         existing = await self._existing(upload.bucket, upload.key)
         check_write_condition(condition, existing.meta if existing else None, upload.bucket, upload.key)
@@ -213,13 +227,22 @@ class UploadOps:
         self._changed(upload.bucket, [upload.key])
         return replace(meta, etag=etag)
 
+    async def _into_part(self: "S3Store", upload: UploadInfo, part: PartInfo, key: str) -> PartInfo:
+        """A kept attempt made the upstream's part (a server-side copy), with the checksums it was received with."""
+        head = await self.up.call("head_object", Bucket=upload.bucket, Key=key, missing=ErrorCode.InvalidPart)
+        checksums = json.loads((head.get("Metadata") or {}).get("oc-checksums", "{}"))
+        resp = await self.up.call("upload_part_copy", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id,
+                                  PartNumber=part.part_number, CopySource={"Bucket": upload.bucket, "Key": key}, missing=ErrorCode.NoSuchUpload)
+        return replace(part, etag=quoted_etag(resp["CopyPartResult"]["ETag"]), checksums=checksums)
+
     async def abort_upload(self: "S3Store", upload: UploadInfo) -> None:
         await self.up.call("abort_multipart_upload", Bucket=upload.bucket, Key=upload.key, UploadId=upload.upload_id, missing=ErrorCode.NoSuchUpload)
         await self._forget_upload(upload)
 
     async def _forget_upload(self: "S3Store", upload: UploadInfo) -> None:
         claims = await list_page(self.up, upload.bucket, _claims(upload.upload_id), "", "", 10000, hide_reserved=False)
-        await self._delete_keys(upload.bucket, [_record_key(upload.upload_id), *(o.key for o in claims.objects)])
+        kept = await list_page(self.up, upload.bucket, _attempts(upload.upload_id), "", "", 10000, hide_reserved=False)
+        await self._delete_keys(upload.bucket, [_record_key(upload.upload_id), *(o.key for o in claims.objects + kept.objects)])
 
     async def _all_uploads(self: "S3Store", bucket: str, prefix: str) -> list[UploadInfo]:
         """Every upload in progress under ``prefix``, in (key, upload id) order (a page at a time from the upstream)."""
