@@ -47,7 +47,7 @@ class Gateway:
         self.config = config
         self.store = store
         self.health = health
-        by_key = {t.access_key: Credentials(t.access_key, t.secret_key, t.name) for t in config.tenants}
+        by_key = {t.access_key: Credentials(t.access_key, t.secret_key, t.name, t.owner_id) for t in config.tenants}
         self.verifier = RequestVerifier(by_key.get, max_skew_s=config.gateway.max_clock_skew_s)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

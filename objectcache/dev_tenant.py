@@ -51,8 +51,9 @@ def write_dev_credentials(cfg: Config, tenant: Tenant, port: int) -> None:
 
 def dev_tenant_name(cfg: Config, access_key: str) -> str:
     """``dev`` on the local backend (one node, its own data directory); on the s3 backend, whose
-    upstream other nodes share, ``dev-`` and a digest of the access key: buckets are owned by tenant
-    name, and another node's generated dev tenant (other keys) must not be the owner of this one's."""
+    upstream other nodes share, ``dev-`` and a digest of the access key, so each node's generated
+    tenant is told apart by name too (ownership records name the owner id, which differs anyway;
+    records written before owner ids named the tenant only)."""
     if cfg.store.backend == "local":
         return "dev"
     return "dev-" + hashlib.sha256(access_key.encode()).hexdigest()[:16]

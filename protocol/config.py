@@ -17,6 +17,7 @@ Every process reads this module, so it imports nothing of the project and writes
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
 import os
@@ -80,6 +81,16 @@ class Tenant(Section):
     weight: float = 1.0
     # Bytes of KV chunks this tenant may hold on a node (0 = cache.tenant_max_bytes).
     cache_max_bytes: int = 0
+    # Who owns this tenant's buckets in the store's records ("" = derived, see owner_id); set it to
+    # the old owner_id to keep a tenant's buckets when its access key is rotated.
+    id: str = ""
+
+    @property
+    def owner_id(self) -> str:
+        """The tenant as bucket ownership records name it: ``id`` if set, else ``<name>~`` and a digest of
+        its access key (never of the secret), so two tenants of one name with other keys (two nodes'
+        generated ``dev`` tenants, or two unshared tenant lists) never own each other's buckets."""
+        return self.id or f"{self.name}~{hashlib.sha256(b'objectcache-owner:' + self.access_key.encode()).hexdigest()[:20]}"
 
     def validate(self) -> None:
         for key in ("name", "access_key", "secret_key"):

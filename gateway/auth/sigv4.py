@@ -53,6 +53,7 @@ class Credentials:
     access_key: str
     secret_key: str
     tenant: str
+    owner: str = ""  # the tenant's owner id (protocol.config.Tenant.owner_id): what bucket records name
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class AuthResult:
     seed_signature: str
     amz_date: str
     scope: str
+    owner: str = ""  # the tenant's owner id, as bucket records name it
 
 
 # An unsigned request: it names no tenant, so it may read only what an object's canned ACL makes public.
@@ -214,7 +216,7 @@ class RequestVerifier:
         expected = (sigv2.signature(creds.secret_key, sigv2.string_to_sign(method, headers, line, resource)) for line in date_lines)
         if not any(hmac.compare_digest(e, sig) for e in expected):
             raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
-        return AuthResult(creds.tenant, access_key, PayloadMode.UNSIGNED, None, b"", "", "", "")
+        return AuthResult(creds.tenant, access_key, PayloadMode.UNSIGNED, None, b"", "", "", "", creds.owner)
 
     @staticmethod
     def _canonical_uri(raw_path: str) -> str:
@@ -292,7 +294,7 @@ def _signed_by(creds: Credentials, access_key: str, date: str, region: str, scop
     key = signing_key(creds.secret_key, date, region, "s3")
     if not hmac.compare_digest(hmac_hex(key, string_to_sign(amz_date, scope, creq)), given):
         raise S3Error(ErrorCode.SignatureDoesNotMatch, extra={"AWSAccessKeyId": access_key})
-    return AuthResult(creds.tenant, access_key, mode, payload_hash, key, given, amz_date, scope)
+    return AuthResult(creds.tenant, access_key, mode, payload_hash, key, given, amz_date, scope, creds.owner)
 
 
 def _payload_mode(content_sha: str) -> tuple[PayloadMode, str | None]:

@@ -154,6 +154,18 @@ class S3Request:
         """The signing tenant; None for an anonymous request (allowed only to read public objects)."""
         return self.auth.tenant or None
 
+    @property
+    def owner_id(self) -> str:
+        """The signing tenant as bucket records name their owner (``protocol.config.Tenant.owner_id``)."""
+        return self.auth.owner
+
+    def owns(self, bucket: BucketInfo) -> bool:
+        """Whether the signing tenant owns ``bucket``: its record names the tenant's owner id, or (a record
+        written before owner ids, which named the tenant only) the tenant's name."""
+        if not self.auth.tenant:
+            return False
+        return bucket.owner == self.auth.owner or ("~" not in bucket.owner and bucket.owner == self.auth.tenant)
+
     async def readable_bucket(self) -> BucketInfo:
         """The addressed bucket for a read that an object's ACL may allow (its owner's, or a public object's)."""
         try:
@@ -167,20 +179,20 @@ class S3Request:
         try:
             return await lookup
         except S3Error as e:
-            if e.code == ErrorCode.NoSuchKey and bucket.owner != self.requester:
+            if e.code == ErrorCode.NoSuchKey and not self.owns(bucket):
                 raise S3Error(ErrorCode.AccessDenied, resource=self.resource) from None
             raise
 
     def check_read(self, meta: ObjectMeta, bucket: BucketInfo) -> None:
         """The owner reads anything; others what the object's canned ACL grants them."""
-        if bucket.owner != self.requester and not may_read(meta.acl, bucket.owner, self.requester):
+        if not self.owns(bucket) and not may_read(meta.acl, bucket.owner, self.requester):
             raise S3Error(ErrorCode.AccessDenied, resource=self.resource)
 
     async def owned_bucket(self, name: str | None = None) -> BucketInfo:
         """The addressed bucket, if it exists and belongs to the caller's tenant."""
         name = name or self.bucket
         info = await self.store.get_bucket(name)
-        if info.owner != self.tenant:
+        if not self.owns(info):
             raise S3Error(ErrorCode.AccessDenied, resource=f"/{name}")
         return info
 

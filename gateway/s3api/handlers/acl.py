@@ -25,11 +25,11 @@ async def put_object_acl(req: S3Request) -> web.Response:
 
 
 async def get_bucket_acl(req: S3Request) -> web.Response:
-    info = await req.owned_bucket()
-    return xml_response("AccessControlPolicy", acl_nodes(info.owner, info.acl))
+    info = await req.owned_bucket()  # the caller owns it: shown by tenant name, as clients name it (the record holds its owner id)
+    return xml_response("AccessControlPolicy", acl_nodes(req.tenant, info.acl))
 
 
 async def put_bucket_acl(req: S3Request) -> web.Response:
-    info = await req.owned_bucket()
-    await req.store.set_bucket_acl(req.bucket, requested_acl(req.headers, await req.body_bytes(xml.MAX_REQUEST_XML), info.owner))
+    await req.owned_bucket()
+    await req.store.set_bucket_acl(req.bucket, requested_acl(req.headers, await req.body_bytes(xml.MAX_REQUEST_XML), req.tenant))
     return empty()

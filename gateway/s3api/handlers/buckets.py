@@ -26,7 +26,10 @@ async def list_buckets(req: S3Request) -> web.Response:
     prefix = req.query.get("prefix", "")
     token = req.query.get("continuation-token")
     after = decode_token(token) if token else ""
-    buckets = await req.store.list_buckets(req.tenant, prefix, after, limit + 1)
+    buckets = await req.store.list_buckets(req.owner_id, prefix, after, limit + 1)
+    if "~" not in req.tenant and req.tenant != req.owner_id:  # and those recorded before owner ids, under the tenant's name
+        legacy = await req.store.list_buckets(req.tenant, prefix, after, limit + 1)
+        buckets = sorted(buckets + legacy, key=lambda b: b.name)[:limit + 1]
     truncated = len(buckets) > limit
     buckets = buckets[:limit]
     return xml_response(
@@ -38,6 +41,14 @@ async def list_buckets(req: S3Request) -> web.Response:
             ("Prefix", prefix or None),
         ],
     )
+
+
+async def _recorded_under_callers_name(req: S3Request) -> bool:
+    """Whether the existing bucket's record (one written before owner ids) names the caller."""
+    try:
+        return req.owns(await req.store.get_bucket(req.bucket))
+    except S3Error:
+        return False
 
 
 async def create_bucket(req: S3Request) -> web.Response:
@@ -55,11 +66,13 @@ async def create_bucket(req: S3Request) -> web.Response:
                 resource=req.resource,
             )
     try:
-        await req.store.create_bucket(req.bucket, req.tenant, region, canned_acl(req.headers))
+        await req.store.create_bucket(req.bucket, req.owner_id, region, canned_acl(req.headers))
     except S3Error as e:
+        if e.code is ErrorCode.BucketAlreadyExists and await _recorded_under_callers_name(req):
+            e = S3Error(ErrorCode.BucketAlreadyOwnedByYou, resource=e.resource, extra=e.extra)
         # S3's legacy us-east-1 behaviour: re-creating a bucket you own there succeeds (and changes nothing).
         if e.code is not ErrorCode.BucketAlreadyOwnedByYou or region != LEGACY_REGION:
-            raise
+            raise e from None
     return empty(headers={"Location": f"/{req.bucket}"})
 
 

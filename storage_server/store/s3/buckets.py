@@ -152,7 +152,7 @@ class BucketMarkers:
             raise refused from None  # not readable with ObjectCache's credentials: someone else's bucket
         if existing is not None:
             raise self._taken(name, existing, owner)
-        if self.adoptions.get(name) != owner:
+        if self.adoptions.get(name) not in (owner, owner.partition("~")[0]):  # adoptions name the tenant; owner is its owner id
             raise refused
 
     async def claim(self, name: str, rec: BucketRecord) -> None:
