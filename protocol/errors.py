@@ -62,6 +62,7 @@ class ErrorCode(Enum):
     NoSuchKey = (404, "The specified key does not exist.")
     NoSuchVersion = (404, "The specified version does not exist.")
     NoSuchTagSet = (404, "The TagSet does not exist.")
+    NoSuchLifecycleConfiguration = (404, "The lifecycle configuration does not exist.")
     NoSuchUpload = (404, "The specified upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed.")
     NotImplemented = (501, "A header you provided implies functionality that is not implemented.")
     NotModified = (304, "Not Modified")

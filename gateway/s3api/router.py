@@ -19,7 +19,7 @@ from aiohttp import web
 from protocol.errors import ErrorCode, S3Error
 
 from .context import Address, Level, S3Request
-from .handlers import acl, buckets, listing, multipart, objects, tagging
+from .handlers import acl, buckets, lifecycle, listing, multipart, objects, tagging
 
 Handler = Callable[[S3Request], Awaitable[web.StreamResponse]]
 
@@ -97,6 +97,9 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", Level.BUCKET, "PutBucketAcl", acl.put_bucket_acl, query=("acl",)),
     Route("GET", Level.OBJECT, "GetObjectAcl", acl.get_object_acl, query=("acl",)),
     Route("PUT", Level.OBJECT, "PutObjectAcl", acl.put_object_acl, query=("acl",)),
+    Route("GET", Level.BUCKET, "GetBucketLifecycleConfiguration", lifecycle.get_bucket_lifecycle, query=("lifecycle",)),
+    Route("PUT", Level.BUCKET, "PutBucketLifecycleConfiguration", lifecycle.put_bucket_lifecycle, query=("lifecycle",)),
+    Route("DELETE", Level.BUCKET, "DeleteBucketLifecycle", lifecycle.delete_bucket_lifecycle, query=("lifecycle",)),
     Route("GET", Level.BUCKET, "GetBucketLocation", buckets.get_bucket_location, query=("location",)),
     Route("GET", Level.BUCKET, "GetBucketVersioning", buckets.get_bucket_versioning, query=("versioning",)),
     Route("PUT", Level.BUCKET, "PutBucketVersioning", buckets.put_bucket_versioning, query=("versioning",)),

@@ -8,6 +8,7 @@
 
 from .chunk_source import ChunkHandle, ChunkSource, PinFor, PinnedChunks
 from .factory import open_chunk_source, open_object_store
+from .lifecycle import LifecycleRule, abort_after_s
 from .object_store import BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectStore, PartInfo, PutSpec, UploadInfo, WriteCondition
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "ByteRange",
     "ChunkHandle",
     "ChunkSource",
+    "LifecycleRule",
     "ListPage",
     "ObjectMeta",
     "ObjectStore",
@@ -24,6 +26,7 @@ __all__ = [
     "PutSpec",
     "UploadInfo",
     "WriteCondition",
+    "abort_after_s",
     "open_chunk_source",
     "open_object_store",
 ]

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from protocol.errors import ErrorCode, S3Error
 
+from .lifecycle import LifecycleRule
+
 
 @dataclass(frozen=True)
 class BucketInfo:
@@ -26,6 +28,7 @@ class BucketInfo:
     # This incarnation of the bucket: a bucket deleted and created again (by anyone) has another,
     # so what was granted for the old one (a data ticket, cached chunks) never reaches the new one.
     incarnation: str = ""
+    lifecycle: tuple[LifecycleRule, ...] = ()  # its lifecycle configuration (the AbortIncompleteMultipartUpload subset)
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,10 @@ class ObjectStore(abc.ABC):
 
     async def set_bucket_acl(self, bucket: str, acl: str) -> None:
         raise unsupported("PutBucketAcl", self)
+
+    async def set_bucket_lifecycle(self, bucket: str, rules: tuple[LifecycleRule, ...]) -> None:
+        """Replace the bucket's lifecycle rules (none: DeleteBucketLifecycle)."""
+        raise unsupported("PutBucketLifecycleConfiguration", self)
 
     async def completed_upload(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
         """The object a recently completed upload became, if the key still holds it (a retried Complete

@@ -24,6 +24,9 @@ OPERATIONS = [
     ("HEAD", B, {}, {}, "HeadBucket"),
     ("DELETE", B, {}, {}, "DeleteBucket"),
     ("GET", B, {"location": ""}, {}, "GetBucketLocation"),
+    ("GET", B, {"lifecycle": ""}, {}, "GetBucketLifecycleConfiguration"),
+    ("PUT", B, {"lifecycle": ""}, {}, "PutBucketLifecycleConfiguration"),
+    ("DELETE", B, {"lifecycle": ""}, {}, "DeleteBucketLifecycle"),
     ("GET", B, {"versioning": ""}, {}, "GetBucketVersioning"),
     ("PUT", B, {"versioning": ""}, {}, "PutBucketVersioning"),  # answers 501 itself, naming versioning
     ("GET", B, {"policy": ""}, {}, "GetBucketPolicy"),  # 404 NoSuchBucketPolicy; PUT/DELETE ?policy stay 501
@@ -121,7 +124,7 @@ def test_unserved_shapes_are_refused(method, level, query, code):
     assert e.value.code is code
 
 
-@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES - {"versioning", "policy", "notification"}))
+@pytest.mark.parametrize("sub", sorted(UNSUPPORTED_SUBRESOURCES - {"versioning", "policy", "notification", "lifecycle"}))
 def test_unsupported_subresource_is_named(sub):
     with pytest.raises(S3Error) as e:
         ROUTER.match("GET", B, {"prefix": "", sub: ""}, CIMultiDict())

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from protocol.errors import ErrorCode, S3Error
 
+from ..lifecycle import rules_from_json
 from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, PutSpec, UploadInfo, WriteCondition
 from ..rules import check_immutable_reput, check_write_condition, common_prefix
 
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS completed_uploads (
 """
 
 COMPLETED_KEPT_S = 86400.0
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATIONS = (
     ("parts", "started", "INTEGER NOT NULL DEFAULT 0"),  # 2: the latest-started upload of a part number counts
     ("objects", "tags", "TEXT NOT NULL DEFAULT '{}'"),  # 3: tagging and canned ACLs
@@ -69,9 +70,10 @@ MIGRATIONS = (
     ("buckets", "tags", "TEXT NOT NULL DEFAULT '{}'"),
     ("buckets", "acl", "TEXT NOT NULL DEFAULT 'private'"),
     ("buckets", "id", "TEXT NOT NULL DEFAULT ''"),  # 4: the bucket's incarnation
+    ("buckets", "lifecycle", "TEXT NOT NULL DEFAULT '[]'"),  # 5: lifecycle rules (AbortIncompleteMultipartUpload)
 )
 OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable, tags, acl"
-BUCKET_COLUMNS = "name, owner, created, region, acl, tags, id"
+BUCKET_COLUMNS = "name, owner, created, region, acl, tags, id, lifecycle"
 UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
 
 # (path of the published file, its metadata, whether it is an immutable KV chunk, the write's condition if any)
@@ -107,7 +109,7 @@ def _row_to_meta(r: tuple) -> ObjectMeta:
 
 def _row_to_bucket(r: tuple) -> BucketInfo:
     # A bucket made before incarnation ids: its creation time stands in (unique to that incarnation in practice).
-    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6] or f"created-{r[2]!r}")
+    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6] or f"created-{r[2]!r}", rules_from_json(json.loads(r[7])))
 
 
 def _row_to_upload(r: tuple) -> UploadInfo:
@@ -181,8 +183,8 @@ class MetadataIndex:
             if row is not None:
                 code = ErrorCode.BucketAlreadyOwnedByYou if row[0] == owner else ErrorCode.BucketAlreadyExists
                 raise S3Error(code, resource=f"/{name}", extra={"BucketName": name})
-            db.execute(f"INSERT INTO buckets ({BUCKET_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
-                       (name, owner, time.time(), region, acl, "{}", uuid.uuid4().hex))
+            db.execute(f"INSERT INTO buckets ({BUCKET_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                       (name, owner, time.time(), region, acl, "{}", uuid.uuid4().hex, "[]"))
 
         self._write(tx)
 
@@ -218,8 +220,8 @@ class MetadataIndex:
         return [r[0] for r in self.db.execute("SELECT name FROM buckets ORDER BY name")]
 
     def set_bucket_attribute(self, bucket: str, column: str, value: str) -> None:
-        """Replace a bucket's tags (JSON) or canned ACL."""
-        assert column in ("tags", "acl")
+        """Replace a bucket's tags (JSON), canned ACL or lifecycle rules (JSON)."""
+        assert column in ("tags", "acl", "lifecycle")
         if self.db.execute(f"UPDATE buckets SET {column}=? WHERE name=?", (value, bucket)).rowcount == 0:
             raise _no_such_bucket(bucket)
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 from protocol.checksums import Digester
 from protocol.errors import ErrorCode, S3Error
 
+from ..lifecycle import LifecycleRule, rules_to_json
 from ..object_store import BodyStream, BucketInfo, ByteRange, ListPage, ObjectMeta, ObjectReader, ObjectStore, PartInfo, PutSpec, UploadInfo, WriteCondition
 from ..rules import MAX_PUT_SIZE, check_write_condition, completed_meta, select_parts, verify_received
 from . import cleanup
@@ -67,6 +68,9 @@ class LocalDiskStore(ObjectStore):
 
     async def set_bucket_acl(self, bucket: str, acl: str) -> None:
         await self._run(self.index.set_bucket_attribute, bucket, "acl", acl)
+
+    async def set_bucket_lifecycle(self, bucket: str, rules: tuple[LifecycleRule, ...]) -> None:
+        await self._run(self.index.set_bucket_attribute, bucket, "lifecycle", json.dumps(rules_to_json(rules)))
 
     async def set_object_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
         await self._run(self.index.set_object_attribute, bucket, key, "tags", json.dumps(tags))

@@ -28,6 +28,7 @@ from typing import Any
 
 from protocol.errors import ErrorCode, S3Error
 
+from ..lifecycle import LifecycleRule, rules_from_json, rules_to_json
 from ..object_store import BucketInfo
 from .upstream import Upstream
 
@@ -55,9 +56,13 @@ class BucketRecord:
     id: str  # this incarnation: a bucket deleted and created again is another bucket to the chunk cache
     acl: str = "private"  # its canned ACL
     tags: dict[str, str] = field(default_factory=dict)
+    lifecycle: tuple[LifecycleRule, ...] = ()
 
     def info(self, name: str) -> BucketInfo:
-        return BucketInfo(name, self.owner, self.created, self.region, self.acl, dict(self.tags), self.id)
+        return BucketInfo(name, self.owner, self.created, self.region, self.acl, dict(self.tags), self.id, self.lifecycle)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "lifecycle": rules_to_json(self.lifecycle)}).encode()
 
 
 class BucketMarkers:
@@ -87,7 +92,7 @@ class BucketMarkers:
             raise
         raw = json.loads(data)
         return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]), str(raw.get("acl", "private")),
-                            {str(k): str(v) for k, v in (raw.get("tags") or {}).items()}), resp["ETag"]
+                            {str(k): str(v) for k, v in (raw.get("tags") or {}).items()}, rules_from_json(raw.get("lifecycle"))), resp["ETag"]
 
     async def update(self, name: str, **changes: Any) -> None:
         """Change the bucket's record (its tags or ACL): a conditional rewrite of exactly the marker read (``If-Match``), so
@@ -98,7 +103,7 @@ class BucketMarkers:
                 raise S3Error(ErrorCode.NoSuchBucket, resource=f"/{name}", extra={"BucketName": name})
             rec = replace(found[0], **changes)
             try:
-                await self.up.call("put_object", Bucket=name, Key=MARKER, Body=json.dumps(asdict(rec)).encode(), IfMatch=found[1],
+                await self.up.call("put_object", Bucket=name, Key=MARKER, Body=rec.to_json(), IfMatch=found[1],
                                    ContentType="application/json", missing=ErrorCode.NoSuchBucket, resource=f"/{name}")
             except S3Error as e:
                 if e.code == ErrorCode.PreconditionFailed:
@@ -158,7 +163,7 @@ class BucketMarkers:
     async def claim(self, name: str, rec: BucketRecord) -> None:
         """Write the marker unless one exists (atomic at the upstream: the first claim wins)."""
         try:
-            await self.up.call("put_object", Bucket=name, Key=MARKER, Body=json.dumps(asdict(rec)).encode(), IfNoneMatch="*",
+            await self.up.call("put_object", Bucket=name, Key=MARKER, Body=rec.to_json(), IfNoneMatch="*",
                                ContentType="application/json", missing=ErrorCode.NoSuchBucket, resource=f"/{name}")
         except S3Error as e:
             if e.code != ErrorCode.PreconditionFailed:

@@ -26,6 +26,7 @@ from protocol.checksums import Digester
 from protocol.config import S3StoreConfig
 from protocol.errors import ErrorCode, S3Error
 
+from ..lifecycle import LifecycleRule
 from ..object_store import BodyStream, BucketInfo, ListPage, ObjectMeta, ObjectReader, ObjectStore, PutSpec, WriteCondition
 from ..rules import check_immutable_reput, check_write_condition, verify_received
 from .buckets import RESERVED, BucketMarkers, check_key, is_reserved
@@ -304,6 +305,9 @@ class S3Store(UploadOps, ObjectStore):
 
     async def set_bucket_acl(self, bucket: str, acl: str) -> None:
         await self.buckets.update(bucket, acl=acl)
+
+    async def set_bucket_lifecycle(self, bucket: str, rules: tuple[LifecycleRule, ...]) -> None:
+        await self.buckets.update(bucket, lifecycle=tuple(rules))
 
     async def list_objects(self, bucket: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> ListPage:
         page = await list_page(self.up, bucket, prefix, delimiter, after, limit)
