@@ -344,7 +344,7 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: Any = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
+                           out: Any = None, verify: bool | None = None, load_budget_s: float = 0.0) -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -362,6 +362,10 @@ class ObjectCacheClient:
         writes the very pages this process reads. When not verifying, the
         descriptor tells the server not to compute the CRCs at all: a pass
         over every byte that nobody would read.
+        ``load_budget_s`` (0: none): the storage server ends a layerwise
+        transfer with ``KVLoadBudgetExceeded`` at the first layer it expects to
+        start later than this after it received the kv-get (the layers before
+        it are delivered); the caller recomputes the rest.
         """
         keys = list(keys)
         if not keys:
@@ -381,7 +385,7 @@ class ObjectCacheClient:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
-                                        layer_checksums=check)
+                                        layer_checksums=check, load_budget_s=load_budget_s)
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.

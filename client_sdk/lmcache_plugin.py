@@ -20,12 +20,18 @@ chunks (a chunk object per LMCache chunk, immutable like every ObjectCache chunk
 GETs for partial chunks. Each object is LMCache's ``RemoteMetadata`` header (shape, dtype, format:
 what a partial chunk needs to be read back) followed by the chunk's bytes, like LMCache's own FS
 connector writes them. Objects live under ``<namespace>/<LMCache key>`` (namespace ``lmcache`` by
-default; LMCache's key already names the model, world size, worker and dtype).
+default; LMCache's key already names the model, world size, worker and dtype). The key's tags
+(LMCache's per-request ``lmcache.tag.*`` configs, e.g. a salt) are hashed into it, never written
+as text: LMCache's own ``to_string`` joins them with ``@`` and ``%`` unescaped, so one tag whose
+value holds those characters would name the same object as two other tags.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 from typing import Any
@@ -64,7 +70,16 @@ def plugin_settings(extra_config: dict[str, Any] | None, plugin_name: str = PLUG
 
 
 def object_key(namespace: str, key: CacheEngineKey) -> str:
-    return f"{namespace}/{key.to_string()}"
+    """``<namespace>/<model>@<world size>@<worker>@<chunk hash>@<dtype>[@<layer>][@tags-<digest>]``.
+
+    Untagged keys are LMCache's own ``to_string``; tags enter as a digest of their exact
+    ``(name, value)`` pairs, so distinct tag sets (salts) never share an object.
+    """
+    if not key.tags:
+        return f"{namespace}/{key.to_string()}"
+    untagged = dataclasses.replace(key, request_configs=None).to_string()  # a layer key keeps its layer id
+    tags = json.dumps(sorted([str(k), str(v)] for k, v in key.tags), separators=(",", ":"))
+    return f"{namespace}/{untagged}@tags-{hashlib.sha256(tags.encode()).hexdigest()[:32]}"
 
 
 class ObjectCacheRemoteConnector(RemoteConnector):

@@ -74,6 +74,7 @@ class ErrorCode(Enum):
     # KV extensions (ObjectCache): each names the offending field or key.
     KVChunkSizeMismatch = (400, "A chunk object's size is not num_layers * per_layer_chunk_bytes.")
     KVInvalidDescriptor = (400, "The KV descriptor is malformed.")
+    KVLoadBudgetExceeded = (503, "The load cannot be in place within its load budget; the engine recomputes it.")
     KVNoSuchRegion = (404, "The registered memory region does not exist (re-register it).")
     KVTargetTooSmall = (400, "The delivery target is smaller than the payload.")
     KVTooManyKeys = (400, "The descriptor names more chunk keys than this server accepts.")

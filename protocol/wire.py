@@ -52,9 +52,12 @@ class DescriptorFlag(IntFlag):
     """Bits of the descriptor's flags field; unknown bits are refused."""
 
     NO_LAYER_CHECKSUMS = 1  # the client will not verify: LAYER frames carry checksum 0 and no CRC is computed
+    LOAD_BUDGET = 2  # a float64 load budget (seconds) follows the compute window
 
 
-_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS)  # a plain int: ~IntFlag only inverts the defined bits
+# A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
+# so an old server never silently ignores a load budget.
+_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET)
 
 
 class TransportKind(IntEnum):
@@ -86,6 +89,9 @@ class Descriptor:
     delivery: Delivery = Delivery.LAYER_MAJOR
     version: int = DESCRIPTOR_VERSION
     layer_checksums: bool = True  # CRC32C of each layer in its LAYER frame (costs a pass over the bytes)
+    # Seconds from the storage server's receipt by which the load must be in place (0: none). The server cuts a
+    # layerwise transfer at the first layer boundary it expects to cross the budget (KVLoadBudgetExceeded).
+    load_budget_s: float = 0.0
 
     @property
     def payload_bytes(self) -> int:
@@ -172,10 +178,19 @@ def encode_descriptor(d: Descriptor) -> bytes:
         DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
         d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
         d.target.region_id, d.target.token, d.target.offset, d.target.length,
-        len(d.compute_window), len(p), 0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS,
+        len(d.compute_window), len(p), _flags(d),
     )
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
+    if d.load_budget_s:
+        window += struct.pack("<d", d.load_budget_s)
     return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
+
+
+def _flags(d: Descriptor) -> int:
+    if not (math.isfinite(d.load_budget_s) and d.load_budget_s >= 0):
+        raise _bad("load_budget_s", f"must be a finite number of seconds >= 0, not {d.load_budget_s!r}")
+    return ((0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS)
+            | (DescriptorFlag.LOAD_BUDGET if d.load_budget_s else 0))
 
 
 def descriptor_transport(data: bytes) -> TransportKind | None:
@@ -226,19 +241,23 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad("compute_window", f"must carry 0, 1 or num_layers ({layers}) values, not {n_window}")
     pos = _DESC_HEAD.size
     window_at = pos + prefix_len
-    keys_at = window_at + 8 * n_window
+    budget_at = window_at + 8 * n_window
+    keys_at = budget_at + (8 if flags & DescriptorFlag.LOAD_BUDGET else 0)
     if len(buf) < keys_at:
         raise _bad("descriptor", "truncated before the key list")
     window = struct.unpack_from(f"<{n_window}d", buf, window_at)
     if not all(math.isfinite(w) and w >= 0 for w in window):
         raise _bad("compute_window", "values must be finite and non-negative")
+    budget = struct.unpack_from("<d", buf, budget_at)[0] if flags & DescriptorFlag.LOAD_BUDGET else 0.0
+    if not (math.isfinite(budget) and budget >= 0) or (flags & DescriptorFlag.LOAD_BUDGET and budget == 0):
+        raise _bad("load_budget_s", f"must be a finite number of seconds > 0 when its flag is set, not {budget!r}")
     prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
     keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len)
     target = Target(transport_v, bytes(region), bytes(token), offset, length)
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
-                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS)
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget)
 
 
 # --- put batches ------------------------------------------------------------------

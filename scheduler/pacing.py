@@ -22,6 +22,12 @@ class TokenBucket:
     burst: float
     _tat: float | None = None  # theoretical arrival time of the next byte
 
+    def wait_s(self, now: float) -> float:
+        """How long the next send would wait, without reserving anything (what :meth:`reserve` would return)."""
+        if self.rate == float("inf") or self._tat is None:
+            return 0.0
+        return max(0.0, max(self._tat, now) - now - self.burst / self.rate)
+
     def reserve(self, nbytes: float, now: float) -> float:
         if self.rate == float("inf"):
             return 0.0

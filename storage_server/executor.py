@@ -373,7 +373,12 @@ class Executor:
                     if reuse and len(deliveries) >= reuse:
                         await deliveries[-reuse]  # the layer's first buffer is free (not waited for while holding a dispatch slot)
                     if pacer is not None:
-                        await pacer.before_layer(d.layer_bytes)
+                        try:
+                            await pacer.before_layer(d.layer_bytes)
+                        except S3Error:
+                            if deliveries:  # a refused layer (a load budget): the layers before it still go out
+                                await deliveries[-1]
+                            raise
                     t0 = time.perf_counter()
                     timeline[layer][0] = t0 - started
                     try:

@@ -30,6 +30,7 @@ from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_k
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
+from .deadline import LoadDeadline
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
@@ -74,6 +75,7 @@ class TransferInfo:
     descriptor: Descriptor
     plan: TransferPlan
     forecast: Forecast | None = None
+    arrived: float = 0.0  # time.perf_counter() when the storage server received the kv-get (a load budget counts from it)
 
     def describe(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "tenant": self.tenant, "mode": self.plan.mode.name.lower(),
@@ -228,7 +230,7 @@ class KVService:
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
                 staging_budget=self.staging.per_tenant, pool_enabled=self.pool is not None,
                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
-            info = TransferInfo(request_id, tenant, bucket, d, plan, forecast)
+            info = TransferInfo(request_id, tenant, bucket, d, plan, forecast, arrived)
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
@@ -296,6 +298,10 @@ class KVService:
             d = info.descriptor
             lease = await self.pool.join(info.request_id, info.tenant, TransferDemand(d.layer_bytes, info.plan.compute_per_layer_s, d.num_layers))
             pacers.append(lease)
+        if info.descriptor.load_budget_s:
+            # First: it must refuse a layer before the lease reserves (and sleeps for) its bytes.
+            pacers.insert(0, LoadDeadline(info.arrived + info.descriptor.load_budget_s, info.descriptor.load_budget_s,
+                                          lease.bucket if lease is not None else None, self.pool.clock if self.pool is not None else time.monotonic))
         try:
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
             if lease is not None:

@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from ..sync import SyncObjectCacheClient
 from .blocks import PagedFormat
 from .config import ConnectorConfig, namespace
+from .groups import check_kv_cache_groups
 from .plan import ChunkTransfer
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
@@ -71,6 +72,8 @@ class ObjectCacheConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if kv_cache_config is not None:
+            check_kv_cache_groups(kv_cache_config.kv_cache_groups)
         self.config = ConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config or {})
         self.block_size = vllm_config.cache_config.block_size
         parallel = vllm_config.parallel_config

@@ -7,7 +7,9 @@ place, so layer ℓ computes while ℓ+1.. are still moving. A load that fails, 
 place within ``load_timeout_s`` or by the load's deadline (its budget: the tightest of the
 deployment's ``load_budget_s`` and its requests' own), marks the load's blocks failed (vLLM
 recomputes them); no byte is scattered after that, so a late layer can never land in blocks vLLM
-has given to someone else.
+has given to someone else. The budget also goes to the storage server, which ends the transfer as
+soon as it expects a layer to start too late (its queue and pacing tell it), so the load fails
+then rather than at the deadline.
 
 Save: ``save_layer`` (after layer ℓ's attention wrote the step's KV) gathers the new full blocks
 of layer ℓ into chunk buffers in KV_L2TD order; ``finish_step`` hands them to one batched put on
@@ -117,7 +119,10 @@ class WorkerSide:
     async def _fetch(self, job: _Load) -> None:
         assert self.layout is not None and self.dtype is not None
         n = len(job.keys)
-        async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode) as layers:
+        # The storage server gets what is left of the budget: it cuts the transfer at the first layer it
+        # cannot start in time (KVLoadBudgetExceeded), so the failure arrives early, not at the deadline.
+        budget = 0.0 if job.deadline is None else max(1e-3, job.deadline - time.monotonic())
+        async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode, load_budget_s=budget) as layers:
             async for layer, view in layers:
                 src = layer_from_bytes(view, n, self.layout, self.dtype, self.format)
                 with job.lock:

@@ -128,14 +128,15 @@ def node(tmp_path_factory):
 
     Every kv-get is layerwise (``theta_bytes = 0``) and the bandwidth pool paces it to about one
     layer of a 16-chunk load per second (a quarter of that for the other tests' 4-chunk loads), so
-    a test can kill the storage server while a load is in flight.
+    a test can kill the storage server while a load is in flight. No burst credit: with one layer
+    of it, the GCRA bucket lets the tiny model's two layers through at once (nothing paced).
     """
     root = tmp_path_factory.mktemp("vllm-node")
     tenant = make_tenants("v")[0]
     layer_bytes = 16 * 2 * BLOCK * 2 * 32 * 4  # 16 chunks × (K,V) × 32 tokens × 2 KV heads × head_dim 32 × fp32
     gbps = layer_bytes * 8 / 1e9
     config = write_config(root / "c.toml", root / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ntheta_bytes = 0\n\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 1\n'))
+        f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ntheta_bytes = 0\n\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 0\n'))
     storage = ServerProcess(config, command="storage-server").start()
     gateway = ServerProcess(config, command="gateway").start()
     storage.rpc_socket = str(root / "ss.sock")

@@ -1,0 +1,107 @@
+"""Load budgets on the storage server: a layerwise kv-get is cut at the first layer boundary it cannot make.
+
+Paced: the pool sends a layer per two seconds (no burst credit), so the server knows at once that
+layer 1 cannot start within a 0.3 s budget, delivers layer 0 and ends the transfer with
+``KVLoadBudgetExceeded`` (the lease freed); without a budget the same load waits and completes.
+Stalled: no pool, a gate holds the transfer before layer 1 until the budget is spent; layer 1
+then goes (it was started in time) and the transfer is cut at the next boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from inprocess import InProcessNode, LayerGate
+from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
+from support import ServerProcess, boto_client, make_tenants, write_config
+
+from protocol.errors import ErrorCode, S3Error
+
+N = 8
+BUDGET = 0.3
+
+
+async def _collect(c, keys, layout, expected, transport: str, budget: float) -> tuple[list[int], S3Error | None]:
+    """The layers that arrived (checked against the reference) and the error that ended the stream, if any."""
+    seen: list[int] = []
+    try:
+        async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise", load_budget_s=budget) as layers:
+            async for idx, view in layers:
+                assert np.array_equal(np.frombuffer(view, np.uint8), expected[idx])
+                seen.append(idx)
+    except S3Error as e:
+        return seen, e
+    return seen, None
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits_without_a_budget(tmp_path, transport):
+    tenant = make_tenants("t")[0]
+    sock = tmp_path / "ss.sock"
+    layout = tiny_layout(64, num_layers=2)
+    gbps = N * layout.per_layer_chunk_bytes * 8 / 1e9 / 2  # a layer per two seconds
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{sock}"\ntheta_bytes = 0\n'
+        f'\n[bandwidth]\ncapacity_gbps = {gbps!r}\npolicy = "equal"\nburst_layers = 0\n'))
+    proc = ServerProcess(config).start()
+    try:
+        boto_client(proc.endpoint, tenant).create_bucket(Bucket="budget")
+        keys, chunks = keys_for(layout, N, "budget"), make_chunks(layout, N, seed=5)
+        expected = reference(layout, chunks)
+
+        async def scenario():
+            async with client(proc, tenant, "budget") as c:
+                await c.put_chunks(keys, chunks, layout)
+                cut = await _collect(c, keys, layout, expected, transport, BUDGET)
+                status = rpc(str(sock), "status")
+                whole = await _collect(c, keys, layout, expected, transport, 0.0)
+                return cut, status, whole
+
+        (seen, error), status, whole = run(scenario())
+        assert seen == [0], "layer 0 starts in time and is delivered; layer 1 is not sent"
+        assert error is not None and error.code == ErrorCode.KVLoadBudgetExceeded, error
+        assert "layer boundary 1" in error.message and "load_budget_s" in error.message
+        assert status["transfers_active"] == [] and status["bandwidth"]["leases"] == {}, status
+        assert whole == ([0, 1], None), "without a budget the paced load waits and completes"
+    finally:
+        proc.stop()
+
+
+def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tmp_path):
+    tenant = make_tenants("s")[0]
+    layout = tiny_layout(64, num_layers=4)
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ntheta_bytes = 0\n'))
+    gate = LayerGate()
+    node = InProcessNode(config, pacers=[gate]).start()
+    try:
+        boto_client(node.endpoint, tenant).create_bucket(Bucket="stall")
+        keys, chunks = keys_for(layout, N, "stall"), make_chunks(layout, N, seed=6)
+        expected = reference(layout, chunks)
+
+        async def stalled(budget: float):
+            gate.hold_before(1)
+            fetch = asyncio.ensure_future(_collect(c, keys, layout, expected, "shm", budget))
+            assert await asyncio.to_thread(gate.wait_held), "the transfer never reached the gate"
+            held_at = time.monotonic()
+            while time.monotonic() - held_at <= BUDGET:  # the server received the kv-get before it was held
+                await asyncio.sleep(0.02)
+            gate.open()
+            return await fetch
+
+        async def scenario():
+            nonlocal c
+            async with client(node, tenant, "stall") as c:
+                await c.put_chunks(keys, chunks, layout)
+                return await stalled(BUDGET), await stalled(0.0)
+
+        c = None
+        (seen, error), whole = run(scenario())
+        assert seen == [0, 1], "layer 1 started in time (before the stall ended it) and is delivered"
+        assert error is not None and error.code == ErrorCode.KVLoadBudgetExceeded and "layer boundary 2" in error.message, error
+        assert whole == ([0, 1, 2, 3], None), "without a budget the stalled load completes"
+    finally:
+        node.stop()
