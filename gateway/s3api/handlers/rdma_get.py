@@ -18,6 +18,7 @@ from protocol.rpc import Op
 
 from ...kv.handlers import rpc
 from ..context import S3Request
+from ..meta_encoding import MetadataResponse
 
 
 def _declined(err: S3Error) -> S3Error:
@@ -43,4 +44,4 @@ async def rdma_get_object(req: S3Request, plan) -> web.Response:
     except S3Error as e:
         raise _declined(e) from None
     headers.update({"Content-Length": "0", HEADER_RDMA_REPLY: REPLY_OK, HEADER_RDMA_BYTES: str(int(reply["bytes"]))})
-    return web.Response(status=status, headers=headers)
+    return MetadataResponse(status=status, headers=headers)
