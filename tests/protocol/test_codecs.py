@@ -113,3 +113,15 @@ def test_registry_ids_and_names_are_unique_and_stable():
     assert {c.name: c.id for c in CODECS.values()} == {
         "none": 0, "zstd": 1, "int8": 2, "int4": 3, "fp8": 4, "int8+zstd": 5, "int4+zstd": 6, "fp8+zstd": 7}
     assert [c.name for c in CODECS.values() if not c.lossy] == ["none", "zstd"]
+
+
+def test_config_knows_the_registrys_codecs():
+    """protocol/config.py imports nothing of the project, so it names the codecs itself: the two lists stay equal."""
+    from protocol import config
+
+    assert config.CODEC_NAMES == tuple(c.name for c in CODECS.values())
+    assert config.LOSSLESS_CODECS == tuple(c.name for c in CODECS.values() if not c.lossy)
+    policy = config.CompressionConfig(lossy_buckets=("approx",))
+    assert policy.allows("approx", "int4") and policy.allows("exact", "zstd") and not policy.allows("exact", "int8+zstd")
+    with pytest.raises(config.ConfigError, match="compression.allowed_codecs"):
+        config.CompressionConfig(allowed_codecs=("brotli",))
