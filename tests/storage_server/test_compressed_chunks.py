@@ -9,29 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from botocore.exceptions import ClientError
+from compressionsupport import kv_chunks, kv_layout
 from kvsupport import TRANSPORTS, client, keys_for, reference, run
 from support import ServerProcess, boto_client, make_tenants, write_config
 
-from client_sdk import KVLayout
 from protocol.codecs import group_absmax
-from protocol.codecs.base import from_float32, to_float32
+from protocol.codecs.base import to_float32
 from protocol.errors import ErrorCode, S3Error
-
-
-def kv_layout(chunk_tokens: int) -> KVLayout:
-    return KVLayout(num_layers=4, chunk_tokens=chunk_tokens, kv_heads=2, head_dim=8, dtype="bfloat16")
-
-
-def kv_chunks(layout: KVLayout, n: int, seed: int) -> list[np.ndarray]:
-    """bf16 KV-like chunks: normal values with per-channel magnitudes (exponent bytes repeat, so zstd pays)."""
-    rng = np.random.default_rng(seed)
-    values = rng.normal(0, 1, (n, layout.chunk_bytes // 2)).astype(np.float32)
-    out = []
-    for v in values:
-        raw = np.empty(layout.chunk_bytes, np.uint8)
-        from_float32(v, "bfloat16", raw)
-        out.append(raw)
-    return out
 
 
 @pytest.fixture(scope="module")
