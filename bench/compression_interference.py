@@ -6,6 +6,11 @@ them, as a serving loop dispatches kernels — and counts iterations. Three runs
 decode threads inside the engine's process; with the same decode threads in a separate "node" process.
 Both sides report their rate, so the slowdown is seen both ways (compute iterations/s and decode GB/s).
 BLAS is held to one thread in both processes so the loop is one core's work, like one engine thread.
+
+``pinned``: the engine's process runs on half the cores and the node's on the other half (as cpusets would
+give each its own), so decoding in the engine's process competes for the engine's cores and GIL, and in the
+node's for neither. Unpinned, both float over every core: on a machine with few cores the node's decoders
+then compete for the same cores, which is the case ShadowServe avoids with separate hardware.
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ class InterferenceRun:
     mode: str  # "alone", "decode in engine process", "decode in node process"
     compute_iters_per_s: float
     decode_gb_s: float
+    pinned: bool
+
+
+def core_split() -> tuple[set[int], set[int]] | None:
+    """(engine cores, node cores): the first half and the rest; None with fewer than two cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    half = len(cores) // 2
+    return set(cores[:half]), set(cores[half:])
+
+
+def _pin(cores: set[int] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)
 
 
 def _decode_loop(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, go, stop, out_q, workers: int) -> None:
@@ -54,8 +74,9 @@ def _decode_loop(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, 
     out_q.put(("decode", sum(done) / (time.perf_counter() - start) / 1e9))
 
 
-def _engine(seconds: float, decode_args: tuple | None, go, stop, out_q) -> None:
+def _engine(seconds: float, decode_args: tuple | None, go, stop, out_q, cores: set[int] | None = None) -> None:
     """The compute loop; with ``decode_args`` the decode threads run in this same process."""
+    _pin(cores)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((192, 192), np.float32)
     w = rng.standard_normal((192, 192), np.float32) / 14.0
@@ -76,11 +97,16 @@ def _engine(seconds: float, decode_args: tuple | None, go, stop, out_q) -> None:
     out_q.put(("compute", iters / elapsed))
 
 
-def _decode_only(codec_name, blobs, slice_bytes, layout, workers, go, stop, out_q) -> None:
+def _decode_only(codec_name, blobs, slice_bytes, layout, workers, go, stop, out_q, cores: set[int] | None = None) -> None:
+    _pin(cores)
     _decode_loop(codec_name, blobs, slice_bytes, layout, go, stop, out_q, workers)
 
 
-def measure(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, workers: int, seconds: float) -> list[InterferenceRun]:
+def measure(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, workers: int, seconds: float,
+            pinned: bool) -> list[InterferenceRun]:
+    """The three runs; ``pinned`` is honoured only where there are two cores or more (see the module docstring)."""
+    split = core_split() if pinned else None
+    engine_cores, node_cores = split or (None, None)
     ctx = mp.get_context("spawn")
     saved = {k: os.environ.get(k) for k in ONE_THREAD}
     os.environ.update(ONE_THREAD)  # inherited by the spawned processes
@@ -89,9 +115,10 @@ def measure(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, worke
         for mode in ("alone", "decode in engine process", "decode in node process"):
             go, stop, out_q = ctx.Event(), ctx.Event(), ctx.Queue()
             decode_args = (codec_name, blobs, slice_bytes, layout, workers)
-            procs = [ctx.Process(target=_engine, args=(seconds, decode_args if mode == "decode in engine process" else None, go, stop, out_q))]
+            procs = [ctx.Process(target=_engine, args=(seconds, decode_args if mode == "decode in engine process" else None, go, stop, out_q,
+                                                       engine_cores))]
             if mode == "decode in node process":
-                procs.append(ctx.Process(target=_decode_only, args=(*decode_args, go, stop, out_q)))
+                procs.append(ctx.Process(target=_decode_only, args=(*decode_args, go, stop, out_q, node_cores)))
             for p in procs:
                 p.start()
             parties = 1 if mode == "alone" else 2
@@ -102,7 +129,7 @@ def measure(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, worke
             got = dict(out_q.get(timeout=seconds + 120) for _ in range(parties))
             for p in procs:
                 p.join(60)
-            runs.append(InterferenceRun(mode, got["compute"], got.get("decode", 0.0)))
+            runs.append(InterferenceRun(mode, got["compute"], got.get("decode", 0.0), split is not None))
         return runs
     finally:
         for k, v in saved.items():

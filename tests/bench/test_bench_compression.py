@@ -1,6 +1,6 @@
 """``objectcache bench compression --quick``: the report is complete and self-consistent (every codec's ratio and
 decode rate, every link rate with raw, each codec and the adaptive choice, the interference modes, the top-level
-TTFT fields derived from the sweep). Speed targets are the benchmark's business, not the test's."""
+TTFT fields derived from the sweep, the cold capacity-tier kv-gets over SeaweedFS). Speed targets are the benchmark's business, not the test's."""
 
 from __future__ import annotations
 
@@ -74,5 +74,12 @@ def test_bench_compression_quick_report(tmp_path):
     assert all(positive(row["compute_iters_per_s"]) and positive(row["decode_gb_s"]) for row in (engine, node))
     assert result["interference"]["codec"] in CODEC_NAMES
 
-    assert isinstance(result["capacity_cold"]["measured"], bool)
+    # Cold capacity tier: real nodes over SeaweedFS; the upstream link carried the compressed bytes, decoded byte-exact.
+    cold = result["capacity_cold"]
+    assert cold["measured"] is True and cold["upstream"] == "seaweedfs", cold
+    got = {row["codec"]: row for row in cold["rows"]}
+    assert set(got) == {"none", "zstd", "int4+zstd"}
+    assert got["none"]["upstream_bytes"] == got["none"]["raw_bytes"] > got["zstd"]["upstream_bytes"] > got["int4+zstd"]["upstream_bytes"] > 0
+    assert got["none"]["byte_exact"] is True and got["zstd"]["byte_exact"] is True and got["int4+zstd"]["byte_exact"] is None
+    assert all(positive(row["cold_ms"]) and positive(row["speedup_vs_raw"]) for row in got.values()) and got["none"]["speedup_vs_raw"] == 1
     assert set(result["targets"]) and all(isinstance(v, bool) for v in result["targets"].values())
