@@ -112,6 +112,7 @@ class Payload:
     piece_raw: int  # raw bytes of one piece
     slices_per_piece: int
     layout: SliceLayout
+    order: list[int] = field(default_factory=list)  # the sample slice in each slot, layer-major (what decoding must give back)
 
     @property
     def raw_bytes(self) -> int:
@@ -128,15 +129,16 @@ def build_payload(sample: KVSample, codec_name: str, raw_bytes: int, layers: int
     encoded = [codec.encode(s, DTYPE, sample.layout) for s in sample.slices]
     per_piece = max(1, piece_bytes // sample.slice_bytes)
     pieces_per_layer = max(1, round(raw_bytes / layers / (per_piece * sample.slice_bytes)))
-    k, pieces = 0, []
+    k, pieces, order = 0, [], []
     for _ in range(layers):
         row = []
         for _ in range(pieces_per_layer):
             parts = [encoded[(k + j) % len(encoded)] for j in range(per_piece)]
+            order += [(k + j) % len(encoded) for j in range(per_piece)]
             k += per_piece
             row.append(struct.pack(f"<{per_piece}I", *map(len, parts)) + b"".join(parts))
         pieces.append(row)
-    return Payload(codec_name, pieces, per_piece * sample.slice_bytes, per_piece, sample.layout)
+    return Payload(codec_name, pieces, per_piece * sample.slice_bytes, per_piece, sample.layout, order)
 
 
 @dataclass
@@ -146,6 +148,7 @@ class LoadRun:
     layer_ready_s: list[float] = field(default_factory=list)
     last_byte_s: float = 0.0
     wire_bytes: int = 0
+    exact: bool | None = None  # with ``verify``: the destination equals the sample's slices in order
 
     @property
     def achieved_gbps(self) -> float:
@@ -172,8 +175,11 @@ def _send_paced(sock: socket.socket, payload: Payload, rate: float) -> None:
             sock.sendall(blob)
 
 
-def paced_load(payload: Payload, link_gbps: float, workers: int) -> LoadRun:
-    """Load ``payload`` over a socket paced at ``link_gbps``, decoding on ``workers`` threads; ready times measured."""
+def paced_load(payload: Payload, link_gbps: float, workers: int, verify: list[np.ndarray] | None = None) -> LoadRun:
+    """Load ``payload`` over a socket paced at ``link_gbps``, decoding on ``workers`` threads; ready times measured.
+
+    ``verify``: the sample's raw slices; afterwards (outside the timing) the destination is compared with them.
+    """
     codec = CODEC_NAMES[payload.codec]
     layers, per_layer = len(payload.pieces), len(payload.pieces[0])
     dest = np.empty(payload.raw_bytes, np.uint8)
@@ -240,4 +246,6 @@ def paced_load(payload: Payload, link_gbps: float, workers: int) -> LoadRun:
         b.close()
     if errors:
         raise errors[0]
+    if verify is not None:
+        run.exact = all(np.array_equal(dest[i * slice_bytes:(i + 1) * slice_bytes], verify[k]) for i, k in enumerate(payload.order))
     return run

@@ -55,6 +55,8 @@ def test_bench_compression_quick_report(tmp_path):
         for name, cell in row["codecs"].items():
             assert positive(cell["ttft_s"]) and positive(cell["model_ttft_s"]) and positive(cell["achieved_gbps"])
             assert cell["raw_bytes"] == raw["raw_bytes"] and cell["ttft_s"] >= cell["load_s"] > 0
+        for name, cell in row["codecs"].items():  # the token bucket paces: no faster than the link, but for one piece of burst
+            assert cell["achieved_gbps"] <= row["link_gbps"] * 1.1, (name, row["link_gbps"], cell["achieved_gbps"])
         assert row["codecs"]["int4+zstd"]["wire_bytes"] < row["codecs"]["zstd"]["wire_bytes"] < raw["wire_bytes"]
         for label in ("adaptive", "adaptive-lossless"):
             pick = row[label]
@@ -62,6 +64,8 @@ def test_bench_compression_quick_report(tmp_path):
             assert pick["vs_best_fixed"] >= 1 and row["best_fixed"] in CODEC_NAMES
         assert not CODEC_NAMES[row["adaptive-lossless"]["codec"]].lossy
     slow, fast = sweep["rows"][0], sweep["rows"][-1]
+    for name, cell in slow["codecs"].items():  # what the decode pool wrote is the KV that was sent
+        assert cell["byte_exact"] is (None if CODEC_NAMES[name].lossy else True), name
     assert result["ttft_speedup_slowest_link"] == slow["adaptive"]["speedup_vs_raw"] and positive(result["ttft_speedup_slowest_link"])
     assert result["ttft_ratio_fastest_link"] == round(fast["adaptive"]["ttft_s"] / fast["raw_ttft_s"], 4)
     assert positive(result["ttft_ratio_fastest_link"]) and positive(result["ttft_speedup_slowest_link_lossless"])
