@@ -116,12 +116,20 @@ def modelled_stall(profile: CodecProfile, req: CodecRequest) -> float:
         return math.inf
     else:
         d = per_layer / (profile.decode_bytes_per_s_per_core * req.decode_workers)
-    c = req.compute_per_layer_s
-    ready = done = 0.0
-    for layer in range(1, req.num_layers + 1):
-        ready = max(layer * x, ready) + d
-        done = max(ready, done) + c
-    return max(0.0, done - req.num_layers * c)
+    return pipeline_stall([x, d], req.num_layers, req.compute_per_layer_s)
+
+
+def pipeline_stall(stages: Sequence[float], num_layers: int, compute_per_layer_s: float = 0.0) -> float:
+    """The engine's stall when every layer passes ``stages`` (seconds per layer each, in order) and then its
+    compute: a tandem pipeline, ``F_j(ℓ) = max(F_j₋₁(ℓ), F_j(ℓ−1)) + t_j``; stall = ``F_compute(L) − L·c``."""
+    times = [*stages, compute_per_layer_s]
+    finish = [0.0] * len(times)
+    for _ in range(num_layers):
+        upstream = 0.0
+        for j, t in enumerate(times):
+            finish[j] = max(upstream, finish[j]) + t
+            upstream = finish[j]
+    return max(0.0, finish[-1] - num_layers * compute_per_layer_s)
 
 
 def _preference(p: CodecProfile) -> tuple[int, int, float, str]:
