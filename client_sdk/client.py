@@ -43,6 +43,7 @@ from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
+from .compression import encode_layout_chunk
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .direct import DirectFrameStream
 from .frames import FrameStream
@@ -295,13 +296,18 @@ class ObjectCacheClient:
         except S3_CALL_ERRORS as e:
             raise from_botocore(self.endpoint, what, e) from None
 
-    async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
+    async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None, *,
+                         codec: str = "none") -> int:
         """Store chunk objects (each bytes-like or ndarray of ``L·S`` bytes, KV_L2TD).
 
         Batched into few ``kv-put`` requests. Chunks are immutable: putting
         identical bytes again is a no-op, different bytes for a stored key is
-        refused. Returns how many chunks were sent.
+        refused. ``codec`` (``protocol.codecs``; needs ``layout``) stores each
+        chunk compressed, layer by layer: kv-gets still deliver the raw layers.
+        Returns how many chunks were sent.
         """
+        if codec != "none" and layout is None:
+            raise ValueError(f"codec {codec!r} needs the chunks' layout")
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunks")
         views = []
@@ -309,6 +315,8 @@ class ObjectCacheClient:
             mv = memoryview(np.ascontiguousarray(chunk) if isinstance(chunk, np.ndarray) else chunk).cast("B")
             if layout is not None and mv.nbytes != layout.chunk_bytes:
                 raise ValueError(f"chunk {key!r} is {mv.nbytes} bytes, the layout says {layout.chunk_bytes}")
+            if codec != "none":
+                mv = memoryview(await asyncio.to_thread(encode_layout_chunk, mv, layout, codec))
             views.append((key, mv))
         batch: list[tuple[str, memoryview]] = []
         size = 0

@@ -41,6 +41,9 @@ CACHE_POLICIES = ("lru", "prefix")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
+# The codecs of ``protocol.codecs`` (this module imports nothing of the project; a test keeps the two equal).
+CODEC_NAMES = ("none", "zstd", "int8", "int4", "fp8", "int8+zstd", "int4+zstd", "fp8+zstd")
+LOSSLESS_CODECS = ("none", "zstd")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 # Keys renamed since earlier releases: an old config is refused with a pointer to the new name.
@@ -522,6 +525,24 @@ class BandwidthConfig(Section):
 
 
 @dataclass(frozen=True)
+class CompressionConfig(Section):
+    """``[compression]``: which codecs a kv-put may store compressed chunks with (``protocol.codecs``)."""
+
+    # Codecs every bucket accepts; lossy ones listed here are accepted everywhere. Lossless only by default.
+    allowed_codecs: tuple[str, ...] = LOSSLESS_CODECS
+    # Buckets that also accept every lossy codec (int8, int4, fp8 and their "+zstd" forms): KV read
+    # from them is approximate, within each codec's stated bound.
+    lossy_buckets: tuple[str, ...] = ()
+
+    def allows(self, bucket: str, codec: str) -> bool:
+        return codec in self.allowed_codecs or codec in LOSSLESS_CODECS or (bucket in self.lossy_buckets and codec in CODEC_NAMES)
+
+    def validate(self) -> None:
+        for name in self.allowed_codecs:
+            self.require(name in CODEC_NAMES, "allowed_codecs", f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})")
+
+
+@dataclass(frozen=True)
 class LogConfig(Section):
     """Logging of every process; ``OBJECTCACHE_LOG_LEVEL=DEBUG`` is the usual way to set it."""
 
@@ -558,6 +579,7 @@ class Config(Section):
     cache: CacheConfig = field(default_factory=CacheConfig)
     storage_server: StorageServerConfig = field(default_factory=StorageServerConfig)
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -73,6 +73,8 @@ class ErrorCode(Enum):
     SignatureDoesNotMatch = (403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
     # KV extensions (ObjectCache): each names the offending field or key.
     KVChunkSizeMismatch = (400, "A chunk object's size is not num_layers * per_layer_chunk_bytes.")
+    KVCodecNotAllowed = (400, "The chunk's codec is not allowed in this bucket ([compression] configuration).")
+    KVInvalidCompressedChunk = (400, "A compressed chunk object's header, offsets or lengths are inconsistent.")
     KVInvalidDescriptor = (400, "The KV descriptor is malformed.")
     KVLoadBudgetExceeded = (503, "The load cannot be in place within its load budget; the engine recomputes it.")
     KVNoSuchRegion = (404, "The registered memory region does not exist (re-register it).")

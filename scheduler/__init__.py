@@ -7,13 +7,21 @@ rates = allocate("calibrated-stall-opt", demands, capacity=B, margin=delta)  # b
 
 from scheduler import OracleView, PathRequest, choose_path
 choice = choose_path(PathRequest(num_chunks, chunk_bytes, num_layers), view)  # fastest path or split
+
+from scheduler import CodecRequest, choose_codec
+codec = choose_codec(CodecRequest(rate, payload_bytes, num_layers, workers, allow_lossy), profiles).codec  # raw or a codec
+
+from scheduler import DecodeSiteRequest, choose_decode_site
+site = choose_decode_site(DecodeSiteRequest(rate, payload_bytes, num_layers, stored, node_workers, client_workers)).site
 ```
 """
 
+from .codec_choice import CodecChoice, CodecProfile, CodecRequest, break_even_rate, choose_codec, pipeline_stall
+from .decode_site import DecodeSite, DecodeSiteRequest, choose_decode_site
 from .oracle import DEFAULT_TIERS, LinkView, Placement, Tier, TierLink, estimate_path, ewma, ps_seconds, tier_between
 from .paths import NoPath, OracleView, PathChoice, PathRequest, Segment, Source, SourceKind, choose_path, schedule_batch, with_choice
 from .policies import POLICIES, TransferDemand, added_stall, allocate, objective, water_fill
 
-__all__ = ["DEFAULT_TIERS", "POLICIES", "LinkView", "NoPath", "OracleView", "PathChoice", "PathRequest", "Placement", "Segment",
-           "Source", "SourceKind", "Tier", "TierLink", "TransferDemand", "added_stall", "allocate", "choose_path", "estimate_path",
-           "ewma", "objective", "ps_seconds", "schedule_batch", "tier_between", "water_fill", "with_choice"]
+__all__ = ["CodecChoice", "CodecProfile", "CodecRequest", "DEFAULT_TIERS", "DecodeSite", "DecodeSiteRequest", "POLICIES", "LinkView", "NoPath", "OracleView", "PathChoice", "PathRequest", "Placement", "Segment",
+           "Source", "SourceKind", "Tier", "TierLink", "TransferDemand", "added_stall", "allocate", "break_even_rate", "choose_codec", "choose_decode_site", "choose_path", "estimate_path",
+           "ewma", "objective", "pipeline_stall", "ps_seconds", "schedule_batch", "tier_between", "water_fill", "with_choice"]

@@ -32,6 +32,7 @@ from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
+from .compressed_reads import ChunkHeader, decode_run, decode_whole_chunks
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .residency import read_ahead, read_ahead_budget, resident_fraction
 from .store import PinnedChunks
@@ -60,9 +61,15 @@ class ReadPlan:
     piece_chunks: int  # layerwise: chunks read (and delivered) at a time
     rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
     first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
+    # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
+    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: reads decode on the pool.
+    headers: list[ChunkHeader | None] | None = None
 
     @classmethod
-    def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int) -> "ReadPlan":
+    def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int,
+           headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
+        if headers is not None:
+            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers)
         rows, first_rows = _mapped_rows(pinned, descriptor.per_layer_chunk_bytes)
         return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
 
@@ -185,7 +192,10 @@ class Executor:
         """Slice ``layer`` of chunks first..last-1, in prefix order, into ``dest``; returns the piece's
         CRC32C (0 unless ``checksum``), each run's taken by its reader and the runs' combined in order."""
         s = plan.descriptor.per_layer_chunk_bytes
-        if plan.mapped:
+        if plan.headers is not None:
+            runs = await self._read_runs(decode_run, plan, first, last, first, layer, s, dest, checksum, plan.headers,
+                                         plan.descriptor.chunk_keys)
+        elif plan.mapped:
             runs = await self._read_runs(_take_run, plan, first, last, first, layer, s, dest, checksum)
         else:
             runs = await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest, checksum)
@@ -210,6 +220,8 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        if plan.headers is not None:  # compressed chunks: read + decode on the pool (no O_DIRECT groups, no L·S read-ahead)
+            return await self._run(plan, transport, pacer, started)
         resident = resident_fraction(plan.fds, plan.offsets)
         files = self._direct_files(plan, transport, resident)
         if files is not None:  # mostly cold: read past the page cache, deep-queued
@@ -335,8 +347,12 @@ class Executor:
         if plan.mode == Mode.CHUNKWISE:
             dest = transport.payload_buffer()
             t0 = time.perf_counter()
-            whole = _take_whole_chunks if plan.mapped else _read_whole_chunks
-            await self._read_runs(whole, plan, 0, len(plan.fds), len(plan.fds), d.num_layers, d.per_layer_chunk_bytes, dest)
+            n = len(plan.fds)
+            if plan.headers is not None:
+                await self._read_runs(decode_whole_chunks, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest, plan.headers, d.chunk_keys)
+            else:
+                whole = _take_whole_chunks if plan.mapped else _read_whole_chunks
+                await self._read_runs(whole, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest)
             crcs = (await loop.run_in_executor(self.pool, _crc_layers, dest, d.layer_bytes, d.num_layers)
                     if d.layer_checksums else [0] * d.num_layers)
             t1 = time.perf_counter()

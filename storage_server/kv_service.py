@@ -30,10 +30,11 @@ from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_k
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
+from .compressed_reads import check_puts, read_headers
 from .deadline import LoadDeadline
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
-from .plan import TransferPlan, check_chunk_sizes, plan_transfer
+from .plan import TransferPlan, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
@@ -146,7 +147,9 @@ class KVService:
     # -- small operations --------------------------------------------------------
     async def put(self, call: RpcCall) -> Reply:
         bucket, tenant = call.field("bucket"), call.field("tenant")
-        etags = await self.chunks.put_chunks(bucket, decode_put_batch(call.body), tenant)
+        items = decode_put_batch(call.body)
+        check_puts(bucket, items, self.config.compression)
+        etags = await self.chunks.put_chunks(bucket, items, tenant)
         return PutReply(len(etags), etags).to_json()
 
     async def lookup(self, call: RpcCall) -> Reply:
@@ -224,7 +227,9 @@ class KVService:
         pinned = None
         try:
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
-            check_chunk_sizes(d, pinned.sizes)
+            # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
+            headers = await asyncio.get_running_loop().run_in_executor(
+                self.executor.pool, read_headers, d, pinned.fds, pinned.offsets, pinned.sizes)
             forecast = self._forecast(snapshot, d, pinned.paths or {"local": sum(pinned.sizes)})
             plan = plan_transfer(
                 d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
@@ -238,7 +243,7 @@ class KVService:
                 self._tasks[slot] = task
             outcome, stats = "failed", None
             try:
-                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks), transport)
+                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks, headers), transport)
                 setup_s = time.perf_counter() - arrived
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id, stats.setup_s = request_id, setup_s

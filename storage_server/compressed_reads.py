@@ -1,0 +1,107 @@
+"""Compressed chunks in a kv-get: their headers (read and checked before the transfer is accepted) and
+the read + decode of a run of chunks' layer slices straight into the transport's buffer.
+
+A chunk object of exactly ``L·S`` bytes is raw; any other size must be a compressed chunk
+(:mod:`protocol.compressed_chunk`) whose header agrees with the descriptor, else the kv-get is refused
+before any byte moves: ``KVChunkSizeMismatch`` for a chunk that is not a compressed one,
+``KVInvalidCompressedChunk`` naming the key and field for one whose header is inconsistent. Layer ℓ of
+a compressed chunk is one ``pread`` of its encoded slice (into a per-thread buffer reused across
+slices), a CRC32C check, then the codec's decompress and dequantise stages writing the S decoded
+bytes at the chunk's place in the destination. The executor reports a layer ready only after every
+run of the layer returned, so no partly decoded layer is ever announced.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+from awscrt.checksums import crc32c
+
+from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, ChunkHeader, bad_chunk, decode_header, head_of, is_compressed
+from protocol.config import CompressionConfig
+from protocol.errors import ErrorCode, S3Error
+from protocol.wire import Descriptor
+
+_scratch = threading.local()
+
+
+def _buffer(nbytes: int) -> memoryview:
+    """This thread's reusable read buffer, grown to at least ``nbytes``."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _scratch.buf = bytearray(max(nbytes, 1 << 20))
+    return memoryview(buf)[:nbytes]
+
+
+def _pread_exact(fd: int, dest: memoryview, offset: int, what: str) -> None:
+    n = os.preadv(fd, [dest], offset)
+    if n != len(dest):
+        raise S3Error(ErrorCode.InternalError, f"short read of {what}: {n} of {len(dest)} bytes")
+
+
+def read_headers(d: Descriptor, fds: list[int], offsets: list[int], sizes: list[int]) -> list[ChunkHeader | None] | None:
+    """Each chunk's validated header (None: a raw chunk); None when every chunk is raw (no read at all)."""
+    s, layers = d.per_layer_chunk_bytes, d.num_layers
+    if not any(is_compressed(size, layers, s) for size in sizes):
+        return None
+    headers: list[ChunkHeader | None] = []
+    for j, (key, fd, offset, size) in enumerate(zip(d.chunk_keys, fds, offsets, sizes)):
+        if not is_compressed(size, layers, s):
+            headers.append(None)
+            continue
+        fixed = bytearray(min(size, FIXED_HEADER_BYTES))
+        _pread_exact(fd, memoryview(fixed), offset, f"chunk {key!r}")
+        if not (head := head_of(fixed)):
+            raise S3Error(ErrorCode.KVChunkSizeMismatch,
+                          f"chunk {key!r} is {size} bytes, expected num_layers*per_layer_chunk_bytes = {layers * s} "
+                          "(and it is not a compressed chunk)",
+                          extra={"Key": key, "ActualSize": str(size), "ExpectedSize": str(layers * s)})
+        whole = bytearray(min(size, head))
+        _pread_exact(fd, memoryview(whole), offset, f"chunk {key!r}")
+        headers.append(decode_header(key, whole, size, layers=layers, slice_bytes=s))
+    return headers
+
+
+def decode_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, layer: int, size: int, dest: memoryview,
+               checksum: bool, headers: list[ChunkHeader | None], keys: list[str]) -> int:
+    """Layer ``layer`` of chunks first..last-1 into ``dest`` at ``(j - base)·size``, raw ones read, compressed ones
+    read and decoded; returns the CRC32C of the decoded run (0 unless ``checksum``)."""
+    pos = start = (first - base) * size
+    for j in range(first, last):
+        out = dest[pos : pos + size]
+        h = headers[j]
+        if h is None:
+            _pread_exact(fds[j], out, offsets[j] + layer * size, f"chunk #{j}")
+        else:
+            encoded = _buffer(h.lengths[layer])
+            _pread_exact(fds[j], encoded, offsets[j] + h.offsets[layer], f"chunk {keys[j]!r}")
+            h.decode_layer(keys[j], layer, encoded, np.frombuffer(out, np.uint8))
+        pos += size
+    return crc32c(dest[start:pos]) if checksum else 0
+
+
+def decode_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int,
+                        dest: memoryview, headers: list[ChunkHeader | None], keys: list[str]) -> None:
+    """Chunks first..last-1, every layer, decoded into layer-major places (chunk j of layer ℓ at ``(ℓ·n + j)·size``)."""
+    for layer in range(layers):
+        decode_run(fds, offsets, first, last, -layer * n_chunks, layer, size, dest, False, headers, keys)
+
+
+def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: CompressionConfig) -> None:
+    """Refuse a kv-put batch holding a compressed chunk whose header is inconsistent (``KVInvalidCompressedChunk``)
+    or whose codec this bucket does not allow (``KVCodecNotAllowed``); raw chunks pass unread."""
+    for key, data in items:
+        if len(data) < len(MAGIC) or bytes(data[: len(MAGIC)]) != MAGIC:
+            continue
+        h = decode_header(key, data, len(data))
+        if not policy.allows(bucket, h.codec.name):
+            raise S3Error(ErrorCode.KVCodecNotAllowed,
+                          f"chunk {key!r}: codec {h.codec.name!r} is not allowed in bucket {bucket!r} "
+                          f"(compression.allowed_codecs = {list(policy.allowed_codecs)}, lossy only in compression.lossy_buckets)",
+                          extra={"Key": key, "Field": "codec", "Codec": h.codec.name})
+        for layer in range(h.layers):
+            encoded = data[h.offsets[layer] : h.offsets[layer] + h.lengths[layer]]
+            if crc32c(encoded) != h.crcs[layer]:
+                raise bad_chunk(key, f"layers[{layer}].crc32c", "the encoded layer slice does not match its checksum")

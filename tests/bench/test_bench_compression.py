@@ -1,0 +1,89 @@
+"""``objectcache bench compression --quick``: the report is complete and self-consistent (every codec's ratio and
+decode rate, every link rate with raw, each codec and the adaptive choice, the interference modes, the top-level
+TTFT fields derived from the sweep, the cold capacity-tier kv-gets over SeaweedFS). Speed targets are the benchmark's business, not the test's."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from support import REPO
+
+from protocol.codecs import CODEC_NAMES
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def positive(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
+
+
+def test_bench_compression_quick_report(tmp_path):
+    out, png = tmp_path / "compression.json", tmp_path / "compression.png"
+    r = subprocess.run([sys.executable, "-m", "objectcache", "bench", "compression", "--quick", "--json", str(out), "--plot", str(png)],
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "|---|" in r.stdout
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    result = json.loads(out.read_text())
+
+    # Codecs: every registered one, on the (labelled) synthetic KV; lossless exact, lossy within its stated bound.
+    assert result["kv"][0]["label"].startswith("synthetic") and result["real_kv"] is False and result["real_kv_note"]
+    rows = {row["codec"]: row for row in result["codecs"] if row["kv"] == "synthetic-bf16"}
+    assert set(rows) == set(CODEC_NAMES)
+    assert rows["none"]["ratio"] == 1.0
+    for name, row in rows.items():
+        assert positive(row["encode_gb_s"]) and positive(row["decode_gb_s_per_core"]) and positive(row["decode_gb_s_pool"])
+        assert row["lossy"] == CODEC_NAMES[name].lossy
+        if row["lossy"]:
+            assert row["ratio"] > 1 and row["lossless_exact"] is None and 0 < row["error_over_bound"] <= 1
+        else:
+            assert row["lossless_exact"] is True and row["error_over_bound"] == 0
+    assert rows["zstd"]["ratio"] > 1 and rows["int4+zstd"]["ratio"] > rows["int8+zstd"]["ratio"]
+
+    # TTFT vs link: every rate, every codec beside raw, the adaptive picks allowed ones and is reported as measured.
+    sweep = result["sweep"]
+    rates = [row["link_gbps"] for row in sweep["rows"]]
+    assert rates == sorted(rates) and rates[0] <= 1 and rates[-1] >= 40
+    assert "measured" in sweep["method"] and "modelled" in sweep["method"]
+    for row in sweep["rows"]:
+        assert set(row["codecs"]) == set(CODEC_NAMES)
+        raw = row["codecs"]["none"]
+        assert raw["ttft_s"] == row["raw_ttft_s"] and raw["speedup_vs_raw"] == 1 and raw["wire_bytes"] >= raw["raw_bytes"]
+        for name, cell in row["codecs"].items():
+            assert positive(cell["ttft_s"]) and positive(cell["model_ttft_s"]) and positive(cell["achieved_gbps"])
+            assert cell["raw_bytes"] == raw["raw_bytes"] and cell["ttft_s"] >= cell["load_s"] > 0
+        for name, cell in row["codecs"].items():  # the token bucket paces: no faster than the link, but for one piece of burst
+            assert cell["achieved_gbps"] <= row["link_gbps"] * 1.1, (name, row["link_gbps"], cell["achieved_gbps"])
+        assert row["codecs"]["int4+zstd"]["wire_bytes"] < row["codecs"]["zstd"]["wire_bytes"] < raw["wire_bytes"]
+        for label in ("adaptive", "adaptive-lossless"):
+            pick = row[label]
+            assert pick["ttft_s"] == row["codecs"][pick["codec"]]["ttft_s"]
+            assert pick["vs_best_fixed"] >= 1 and row["best_fixed"] in CODEC_NAMES
+        assert not CODEC_NAMES[row["adaptive-lossless"]["codec"]].lossy
+    slow, fast = sweep["rows"][0], sweep["rows"][-1]
+    for name, cell in slow["codecs"].items():  # what the decode pool wrote is the KV that was sent
+        assert cell["byte_exact"] is (None if CODEC_NAMES[name].lossy else True), name
+    assert result["ttft_speedup_slowest_link"] == slow["adaptive"]["speedup_vs_raw"] and positive(result["ttft_speedup_slowest_link"])
+    assert result["ttft_ratio_fastest_link"] == round(fast["adaptive"]["ttft_s"] / fast["raw_ttft_s"], 4)
+    assert positive(result["ttft_ratio_fastest_link"]) and positive(result["ttft_speedup_slowest_link_lossless"])
+
+    # Interference: alone, in the engine's process, in the node's; the decoders really decoded.
+    modes = [row["mode"] for row in result["interference"]["rows"]]
+    assert modes == ["alone", "decode in engine process", "decode in node process"]
+    alone, engine, node = result["interference"]["rows"]
+    assert alone["compute_slowdown"] == 0 and alone["decode_gb_s"] == 0
+    assert all(positive(row["compute_iters_per_s"]) and positive(row["decode_gb_s"]) for row in (engine, node))
+    assert result["interference"]["codec"] in CODEC_NAMES
+
+    # Cold capacity tier: real nodes over SeaweedFS; the upstream link carried the compressed bytes, decoded byte-exact.
+    cold = result["capacity_cold"]
+    assert cold["measured"] is True and cold["upstream"] == "seaweedfs", cold
+    got = {row["codec"]: row for row in cold["rows"]}
+    assert set(got) == {"none", "zstd", "int4+zstd"}
+    assert got["none"]["upstream_bytes"] == got["none"]["raw_bytes"] > got["zstd"]["upstream_bytes"] > got["int4+zstd"]["upstream_bytes"] > 0
+    assert got["none"]["byte_exact"] is True and got["zstd"]["byte_exact"] is True and got["int4+zstd"]["byte_exact"] is None
+    assert all(positive(row["cold_ms"]) and positive(row["speedup_vs_raw"]) for row in got.values()) and got["none"]["speedup_vs_raw"] == 1
+    assert set(result["targets"]) and all(isinstance(v, bool) for v in result["targets"].values())

@@ -1,0 +1,127 @@
+"""Every registered codec round-trips: lossless bit-exact, lossy within its stated per-group bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.codecs import CODECS, CodecError, SliceLayout, codec_by_id, codec_by_name, group_absmax
+from protocol.codecs.base import from_float32, to_float32
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _raw(seed: int, dtype: str, layout: SliceLayout, spread: float, outliers: bool) -> np.ndarray:
+    """KV-like finite elements of ``dtype`` as raw bytes: normal, per-channel magnitudes, optional outliers and zeros."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(0, 1, (layout.planes, layout.tokens, layout.channels)).astype(np.float32)
+    values *= np.exp(rng.normal(0, spread, layout.channels)).astype(np.float32)
+    if outliers:
+        values.reshape(-1)[rng.integers(0, values.size, max(1, values.size // 50))] *= 1e3
+        values.reshape(-1)[rng.integers(0, values.size, max(1, values.size // 20))] = 0
+    if dtype == "float16":
+        values = np.clip(values, -6e4, 6e4)
+    out = np.empty(layout.nbytes(dtype), np.uint8)
+    from_float32(values, dtype, out)
+    return out
+
+
+layouts = st.builds(SliceLayout, st.sampled_from([1, 2]), st.integers(1, 40), st.integers(1, 70))
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=layouts, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), spread=st.floats(0, 3),
+       outliers=st.booleans(), codec_id=st.sampled_from(sorted(CODECS)))
+def test_round_trip_within_bound(layout, dtype, seed, spread, outliers, codec_id):
+    codec = codec_by_id(codec_id)
+    raw = _raw(seed, dtype, layout, spread, outliers)
+    blob = codec.encode(raw, dtype, layout)
+    out = np.full(raw.size, 0xAB, np.uint8)
+    codec.decode(blob, memoryview(out), dtype, layout)
+    if not codec.lossy:
+        assert out.tobytes() == raw.tobytes()
+        assert codec.max_abs_error(1.0, dtype) == 0.0
+        return
+    x = to_float32(raw, dtype).astype(np.float64).reshape(layout.planes, layout.tokens, layout.channels)
+    err = np.abs(to_float32(out, dtype).astype(np.float64).reshape(x.shape) - x)
+    absmax = group_absmax(x.astype(np.float32).reshape(-1), layout).astype(np.float64)
+    bound = np.array([codec.max_abs_error(a, dtype) for a in absmax])
+    c = layout.channels
+    assert (err[0] <= bound[:c][None, :]).all(), "keys: per-channel bound exceeded"
+    if layout.planes == 2:
+        assert (err[1] <= bound[c:][:, None]).all(), "values: per-token bound exceeded"
+
+
+@pytest.mark.parametrize("name,bits", [("int8", 8), ("int4", 4), ("int8+zstd", 8), ("int4+zstd", 4)])
+def test_int_bound_is_the_issues_except_bf16_output_rounding(name, bits):
+    """The stated bound is scale/2^(bits-1) (scale: the group's absmax) for float16; bfloat16 adds its rounding."""
+    codec = codec_by_name(name)
+    assert codec.max_abs_error(1.0, "float16") <= 1 / 2 ** (bits - 1)
+    assert codec.max_abs_error(1.0, "bfloat16") <= 1 / 2 ** (bits - 1) + 2 ** -8
+
+
+def test_bound_is_tight_enough_to_catch_a_wrong_scale():
+    """A decoder that used the wrong group's scale breaks the bound the test checks (the test can fail)."""
+    layout = SliceLayout(2, 8, 16)
+    raw = _raw(1, "float16", layout, 2.0, False)
+    codec = codec_by_name("int8")
+    blob = bytearray(codec.encode(raw, "float16", layout))
+    blob[0:4], blob[4:8] = blob[4:8], blob[0:4]  # swap two key-channel scales
+    out = np.empty(raw.size, np.uint8)
+    codec.decode(bytes(blob), out, "float16", layout)
+    x = to_float32(raw, "float16").reshape(2, 8, 16)
+    err = np.abs(to_float32(out, "float16").reshape(2, 8, 16) - x)
+    absmax = group_absmax(x.reshape(-1), layout)
+    assert (err[0, :, 0] > codec.max_abs_error(float(absmax[0]), "float16")).any() or \
+           (err[0, :, 1] > codec.max_abs_error(float(absmax[1]), "float16")).any()
+
+
+def test_lossless_compresses_bf16_kv():
+    layout = SliceLayout(2, 64, 256)
+    raw = _raw(3, "bfloat16", layout, 1.0, False)
+    assert len(codec_by_name("zstd").encode(raw, "bfloat16", layout)) < 0.8 * raw.size
+
+
+@pytest.mark.parametrize("name", ["zstd", "int8+zstd", "int4", "fp8"])
+def test_corrupt_input_names_a_field(name):
+    codec, layout = codec_by_name(name), SliceLayout(2, 16, 32)
+    raw = _raw(2, "bfloat16", layout, 1.0, False)
+    blob = codec.encode(raw, "bfloat16", layout)
+    out = np.empty(raw.size, np.uint8)
+    with pytest.raises(CodecError) as e:
+        codec.decode(blob[:-3], out, "bfloat16", layout)
+    assert e.value.field in {"length", "zstd", "decoded_size", "planes"}
+
+
+def test_lossy_refuses_non_finite_and_unknown_names():
+    layout = SliceLayout(1, 4, 4)
+    raw = np.zeros(layout.nbytes("float16"), np.uint8)
+    raw.view(np.float16)[3] = np.inf
+    with pytest.raises(CodecError) as e:
+        codec_by_name("int8").encode(raw, "float16", layout)
+    assert e.value.field == "values"
+    assert codec_by_name("zstd").encode(raw, "float16", layout)  # lossless keeps any bits
+    with pytest.raises(CodecError):
+        codec_by_name("brotli")
+    with pytest.raises(CodecError):
+        codec_by_id(200)
+
+
+def test_registry_ids_and_names_are_unique_and_stable():
+    assert {c.name: c.id for c in CODECS.values()} == {
+        "none": 0, "zstd": 1, "int8": 2, "int4": 3, "fp8": 4, "int8+zstd": 5, "int4+zstd": 6, "fp8+zstd": 7}
+    assert [c.name for c in CODECS.values() if not c.lossy] == ["none", "zstd"]
+
+
+def test_config_knows_the_registrys_codecs():
+    """protocol/config.py imports nothing of the project, so it names the codecs itself: the two lists stay equal."""
+    from protocol import config
+
+    assert config.CODEC_NAMES == tuple(c.name for c in CODECS.values())
+    assert config.LOSSLESS_CODECS == tuple(c.name for c in CODECS.values() if not c.lossy)
+    policy = config.CompressionConfig(lossy_buckets=("approx",))
+    assert policy.allows("approx", "int4") and policy.allows("exact", "zstd") and not policy.allows("exact", "int8+zstd")
+    with pytest.raises(config.ConfigError, match="compression.allowed_codecs"):
+        config.CompressionConfig(allowed_codecs=("brotli",))

@@ -1,0 +1,152 @@
+"""Compressed chunks through a real node: stored compressed, decoded in the node, delivered raw over every transport.
+
+One ``objectcache serve`` whose ``[compression]`` allows lossy codecs in one bucket only; a second
+node pair over moto shows the capacity tier fetching compressed objects from the upstream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from botocore.exceptions import ClientError
+from compressionsupport import kv_chunks, kv_layout
+from kvsupport import TRANSPORTS, client, keys_for, reference, run
+from support import ServerProcess, boto_client, make_tenants, write_config
+
+from protocol.codecs import group_absmax
+from protocol.codecs.base import to_float32
+from protocol.errors import ErrorCode, S3Error
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compressed")
+    people = make_tenants("alice")
+    config = write_config(root / "c.toml", root / "data", people,
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\n')
+    proc = ServerProcess(config).start()
+    s3 = boto_client(proc.endpoint, people[0])
+    for bucket in ("kvz", "lossy", "strict"):
+        s3.create_bucket(Bucket=bucket)
+    yield proc, people[0], s3
+    proc.stop()
+
+
+def _put_and_fetch(proc, tenant, bucket, layout, chunks, keys, codec, transport):
+    async def go():
+        async with client(proc, tenant, bucket) as c:
+            await c.put_chunks(keys, chunks, layout, codec=codec)
+            return await c.fetch(keys, layout, transport, verify=True)
+    return run(go())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("chunk_tokens", [16, 64, 256])
+def test_lossless_chunks_are_byte_exact_after_node_decode(node, transport, chunk_tokens):
+    proc, alice, s3 = node
+    layout = kv_layout(chunk_tokens)
+    n = 6
+    chunks = kv_chunks(layout, n, seed=chunk_tokens)
+    keys = keys_for(layout, n, f"zstd-{transport}-{chunk_tokens}")
+    payload, stats = _put_and_fetch(proc, alice, "kvz", layout, chunks, keys, "zstd", transport)
+    assert np.array_equal(payload, reference(layout, chunks))
+    stored = s3.head_object(Bucket="kvz", Key=keys[0])["ContentLength"]
+    assert stored < layout.chunk_bytes  # stored compressed: an ordinary object of its own size
+    listed = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="kvz", Prefix=keys[0])["Contents"]}
+    assert listed[keys[0]] == stored
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_mixed_raw_and_compressed_chunks_in_one_kv_get(node, transport):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 8, seed=5)
+    keys = keys_for(layout, 8, f"mixed-{transport}")
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            await c.put_chunks(keys[:3], chunks[:3], layout)
+            await c.put_chunks(keys[3:], chunks[3:], layout, codec="zstd")
+            return await c.fetch(keys, layout, transport, mode="chunkwise" if transport == "http" else "layerwise")
+    payload, _ = run(go())
+    assert np.array_equal(payload, reference(layout, chunks))
+
+
+def test_int8_chunks_decode_within_the_bound_in_an_allowed_bucket(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 4, seed=7)
+    keys = keys_for(layout, 4, "int8")
+    payload, _ = _put_and_fetch(proc, alice, "lossy", layout, chunks, keys, "int8+zstd", "shm")
+    expected = reference(layout, chunks)
+    s, shape = layout.per_layer_chunk_bytes, (2, layout.chunk_tokens, layout.kv_heads * layout.head_dim)
+    from protocol.codecs import SliceLayout, codec_by_name
+
+    codec, sl = codec_by_name("int8+zstd"), SliceLayout(*shape)
+    assert not np.array_equal(payload, expected)  # lossy: not the same bytes ...
+    for layer in range(layout.num_layers):
+        for j in range(4):
+            x = to_float32(expected[layer, j * s : (j + 1) * s].copy(), "bfloat16")
+            y = to_float32(payload[layer, j * s : (j + 1) * s].copy(), "bfloat16")
+            bounds = np.array([codec.max_abs_error(a, "bfloat16") for a in group_absmax(x, sl)])
+            err = np.abs(y - x).reshape(shape)
+            assert (err[0] <= bounds[: shape[2]][None, :]).all() and (err[1] <= bounds[shape[2]:][:, None]).all()  # ... within the bound
+
+
+def test_a_lossy_codec_is_refused_where_the_bucket_forbids_it(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    keys = keys_for(layout, 2, "forbidden")
+
+    async def go():
+        async with client(proc, alice, "strict") as c:
+            await c.put_chunks(keys, kv_chunks(layout, 2, seed=1), layout, codec="int4")
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.KVCodecNotAllowed and keys[0] in e.value.message and "int4" in e.value.message
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_corrupt_compressed_chunks_are_refused_naming_the_key(node, transport):
+    """A chunk put with plain S3 whose header lies, or whose payload was changed, is refused by the kv-get with its key."""
+    proc, alice, s3 = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 3, seed=9)
+    keys = keys_for(layout, 3, f"corrupt-{transport}")
+    _put_and_fetch(proc, alice, "kvz", layout, chunks, keys, "zstd", transport)
+    good = s3.get_object(Bucket="kvz", Key=keys[1])["Body"].read()
+    bad_header = bytearray(good)
+    bad_header[28] ^= 0x01  # decoded_bytes
+    bad_payload = bytearray(good)
+    bad_payload[-5] ^= 0xFF  # the last layer's bytes: its CRC no longer matches
+
+    for bad, field in ((bad_header, "decoded_bytes"), (bad_payload, "layers[3].crc32c")):
+        key = keys[1] + "-" + field.replace("[", "").replace("]", "")
+        s3.put_object(Bucket="kvz", Key=key, Body=bytes(bad))
+
+        async def go(key=key):
+            async with client(proc, alice, "kvz") as c:
+                return await c.fetch([keys[0], key, keys[2]], layout, transport, verify=True)
+        with pytest.raises(S3Error) as e:
+            run(go())
+        assert e.value.code == ErrorCode.KVInvalidCompressedChunk, e.value
+        assert key in e.value.message and field in e.value.message
+
+
+def test_put_of_an_inconsistent_compressed_chunk_is_refused(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    keys = keys_for(layout, 1, "put-corrupt")
+    from client_sdk.compression import encode_layout_chunk
+
+    obj = bytearray(encode_layout_chunk(memoryview(kv_chunks(layout, 1, seed=2)[0]), layout, "zstd"))
+    obj[9] = 99  # unknown codec id
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            await c.put_chunks(keys, [bytes(obj)])
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.KVInvalidCompressedChunk and keys[0] in e.value.message and "codec" in e.value.message
+    with pytest.raises(ClientError):
+        node[2].head_object(Bucket="kvz", Key=keys[0])
