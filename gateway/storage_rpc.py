@@ -17,6 +17,10 @@ log = logging.getLogger("objectcache.gateway.storage_rpc")
 
 
 class StorageServerClient:
+    # The longest reply line read (a longer reply comes after a line announcing it: protocol.rpc.encode_reply).
+    # A class attribute so a test can lower it for every client of its process, with the server's reply_line_limit.
+    line_limit = MAX_REQUEST_LINE
+
     def __init__(self, config: Config) -> None:
         ss = config.storage_server
         self._tcp = ss.tcp
@@ -27,9 +31,9 @@ class StorageServerClient:
         try:
             if self._tcp:
                 host, _, port = self._tcp.rpartition(":")
-                coro = asyncio.open_connection(host.strip("[]"), int(port), limit=MAX_REQUEST_LINE)
+                coro = asyncio.open_connection(host.strip("[]"), int(port), limit=self.line_limit)
             else:
-                coro = asyncio.open_unix_connection(self._socket, limit=MAX_REQUEST_LINE)
+                coro = asyncio.open_unix_connection(self._socket, limit=self.line_limit)
             reader, writer = await asyncio.wait_for(coro, CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as e:
             raise S3Error(ErrorCode.ServiceUnavailable, f"The storage server is not reachable ({e.__class__.__name__}); plain S3 requests still work.") from None

@@ -87,9 +87,10 @@ MAX_REPLY_BYTES = 256 << 20
 REPLY_BYTES = "reply_bytes"
 
 
-def encode_reply(fields: dict[str, Any]) -> bytes:
+def encode_reply(fields: dict[str, Any], max_line: int = MAX_REPLY_LINE) -> bytes:
+    """The reply as one line, or, from ``max_line`` bytes on, as a short line announcing the bytes that follow."""
     obj = json.dumps({"ok": True, **fields}).encode()
-    if len(obj) < MAX_REPLY_LINE:
+    if len(obj) < max_line:
         return obj + b"\n"
     return json.dumps({"ok": True, REPLY_BYTES: len(obj)}).encode() + b"\n" + obj
 

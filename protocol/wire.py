@@ -33,7 +33,8 @@ PUT_BATCH_MAGIC = b"OCPB"
 KEY_LIST_MAGIC = b"OCKL"
 MAX_PAYLOAD_BYTES = 1 << 48  # 256 TiB: far above any real payload, far below overflow
 MAX_LAYERS = 1 << 16
-MAX_KEY_BYTES = 1024
+MAX_KEY_BYTES = 1024  # an object key, a KV chunk's included (S3's limit; the gateway refuses longer keys with KeyTooLongError)
+MAX_DESCRIPTOR_BYTES = 64 << 20  # a kv-get descriptor or kv-lookup key list: what the gateway reads and the storage server accepts
 TOKEN_BYTES = 16
 REGION_ID_BYTES = 16
 
@@ -63,7 +64,7 @@ _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGE
 class TransportKind(IntEnum):
     HTTP = 0
     SHM = 1
-    RDMA = 2  # reserved: RDMA WRITE into a registered MR (separate issue)
+    RDMA = 2  # RDMA WRITEs into memory the client registered (kv-register-rdma)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op
 from protocol.rpc_auth import storage_rpc_key
+from protocol.wire import MAX_DESCRIPTOR_BYTES
 
 from .data_endpoint import DataEndpoint
 from .gc_schedule import GcSchedule
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from .cluster import ClusterNode
 
 log = logging.getLogger("objectcache.storage_server")
-
-MAX_DESCRIPTOR_BYTES = 64 << 20
 
 
 class StorageServer:

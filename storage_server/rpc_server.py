@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import ErrorCode, S3Error
-from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, encode_error, encode_reply
+from protocol.rpc import MAX_REPLY_LINE, MAX_REQUEST_LINE, Op, RpcRequest, encode_error, encode_reply
 from protocol.rpc_auth import HANDSHAKE_TIMEOUT_S, SharedKey, server_handshake
 
 log = logging.getLogger("objectcache.storage_server.rpc")
@@ -60,13 +60,16 @@ class RpcServer:
     listener's bound on idle or slow clients); ``None`` waits for ever (the gateway's trusted socket).
     ``single_request``: close each connection after its first reply. ``max_connections``: connections
     open at once; more are answered ``ServiceUnavailable`` and closed. ``check_header``: runs on each
-    request line before its body is read, so a request refused there costs no body in memory."""
+    request line before its body is read, so a request refused there costs no body in memory.
+    ``reply_line_limit``: a longer reply goes after a short line announcing it (:func:`~protocol.rpc.encode_reply`);
+    tests lower it to exercise that framing with small replies."""
 
     def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int, request_timeout_s: float | None = None,
                  single_request: bool = False, max_connections: int | None = None,
                  check_header: HeaderCheck | None = None, line_limit: int = MAX_REQUEST_LINE) -> None:
         self.handlers = dict(handlers)
         self.line_limit = line_limit  # the longest request line (also what a connection may buffer before it)
+        self.reply_line_limit = MAX_REPLY_LINE
         self.max_body = max_body
         self.request_timeout_s = request_timeout_s
         self.single_request = single_request
@@ -100,7 +103,7 @@ class RpcServer:
             if handler is None:
                 raise S3Error(ErrorCode.InvalidRequest, f"bad RPC request: op {request.op.value!r} is not served on this listener")
             reply = await handler(RpcCall(request, body, reader, writer))
-            return None if reply is None else encode_reply(reply)
+            return None if reply is None else encode_reply(reply, self.reply_line_limit)
         except S3Error as e:
             return encode_error(e)
         except Exception as e:  # a bug, not bad input: answer, log, keep serving

@@ -42,12 +42,11 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
-from protocol.wire import FRAME_SIZE, FrameType, TransportKind, decode_descriptor, descriptor_transport, json_frame, unpack_frame
+from protocol.wire import FRAME_SIZE, MAX_DESCRIPTOR_BYTES, FrameType, TransportKind, decode_descriptor, descriptor_transport, json_frame, unpack_frame
 
 from ..s3api.context import S3Request
 from ..storage_rpc import StorageServerClient
 
-MAX_DESCRIPTOR_BYTES = 64 << 20
 RELAY_PIECE = 1 << 20
 
 RPC_KEY = web.AppKey("storage_rpc", StorageServerClient)

