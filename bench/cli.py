@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import capacity, cluster, cluster_sim, compression, evict, faults, peers, s3ops, sched, trace, transfer, ttft, wire
+from . import capacity, cluster, cluster_sim, compression, evict, faults, peers, s3ops, sched, trace, transfer, ttft, vllm, wire
 
-MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers, compression]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers, compression, vllm]
 
 
 class _OneLineHelp(argparse.HelpFormatter):
