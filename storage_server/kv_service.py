@@ -221,7 +221,7 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
-            pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
+            pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             check_chunk_sizes(d, pinned.sizes)
             forecast = self._forecast(snapshot, d, pinned.paths or {"local": sum(pinned.sizes)})
             plan = plan_transfer(
