@@ -64,6 +64,7 @@ class Source:
     alive: bool = True  # False: the peer is gone (no heartbeat); never chosen
     startup_s: float = 0.0  # before the first byte moves (e.g. an upstream's first-byte time)
     whole_only: bool = False  # serves the whole request or none of it (never one side of a split)
+    store_and_forward: bool = False  # its chunks are all fetched before the first layer moves on (a node's cache)
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,7 @@ def _evaluate(request: PathRequest, view: OracleView, parts: list[tuple[Source, 
             mine = link_bytes[link]
             total = max(total, latency + ps_seconds(view.links[link], mine, stale))
             first = max(first, latency + ps_seconds(view.links[link], mine / request.num_layers, stale))
-        segments.append(Segment(source.name, a, b, first, total))
+        segments.append(Segment(source.name, a, b, total if source.store_and_forward else first, total))
     first_layer = max((s.first_layer_s for s in segments), default=0.0)
     total = max((s.total_s for s in segments), default=0.0)
     rates: dict[str, float] = {}

@@ -135,8 +135,14 @@ class Estimator:
         for host, target in zip(req.candidates, targets):
             # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
             mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
-            view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes))
-            answers.append(candidate_estimate(host, dict(warm), choose_path(want, view), view))
+            fetcher = self.node.fetcher
+            if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
+                view = fetcher.view(warm, n, float(req.chunk_bytes))
+                choice = fetcher.choose(want, view)
+            else:
+                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes))
+                choice = choose_path(want, view)
+            answers.append(candidate_estimate(host, dict(warm), choice, view))
         self.answered += 1
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
 

@@ -17,6 +17,10 @@ costs its first-byte time before its bytes flow, so for chunks of ``s`` bytes a 
 carries ``1 / (first_byte / (streams·s) + 1 / bandwidth)`` bytes/s (:meth:`TierMap.upstream_rate`): small
 chunks are bound by request latency, large ones by bandwidth. The first GET's first byte starts the source.
 
+A node fetches every chunk it misses into its cache before the kv-get's first layer moves on (the
+pin precedes the transfer), so peer and upstream sources are ``store_and_forward``: their first
+layer is predicted when their last chunk has landed, not one layer's bytes after the start.
+
 Each link's bandwidth and latency come from the static tier map (``[cluster]`` config); a link this
 node measures (its peers' streams into it, its own deliveries to its engines) has the EWMA of its
 achieved rate (:class:`Telemetry`), which replaces the configured bandwidth while fresh; the
@@ -160,7 +164,7 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
         if node_id == me or chunks <= 0:
             continue
         sources.append(Source(f"peer:{node_id}", SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), eng),
-                              alive=node_id not in gone, startup_s=start.get("peer", 0.0)))
+                              alive=node_id not in gone, startup_s=start.get("peer", 0.0), store_and_forward=True))
         other = nodes.get(node_id)
         if direct and chunks >= num_chunks and other is not None:
             name = engine_link(node_id, host_of(target))
@@ -169,10 +173,12 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (name,), alive=node_id not in gone,
                                   startup_s=start.get("peer", 0.0), whole_only=True))
     up_start = tiers.upstream.latency_s + start.get("upstream", 0.0)
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (upstream_into(me), eng), startup_s=up_start))
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (upstream_into(me), eng), startup_s=up_start,
+                          store_and_forward=True))
     for node_id in sorted(set(helpers) - {me}):
+        # A helper's share pays the upstream's fixed cost and then a peer stream's (grant, connection, its first chunk).
         sources.append(Source(f"upstream@{node_id}", SourceKind.UPSTREAM, num_chunks, (upstream_into(node_id), to_me(node_id), eng),
-                              alive=node_id not in gone, startup_s=up_start))
+                              alive=node_id not in gone, startup_s=up_start + start.get("peer", 0.0), store_and_forward=True))
     return OracleView(tuple(sources), links, stale_after_s)
 
 
