@@ -11,6 +11,9 @@ island node (no cluster) over the same upstream, one tenant:
   the stream would take 2 s) is SIGKILLed as soon as it has served a chunk: the kv-get completes
   through C. ``failover_added_s`` = that kv-get's
   time minus the undisturbed peer fetch of the same size.
+* **oracle** (``bench/cluster_oracle.py``) — a replayed trace over three fresh nodes with paced peer links, three
+  times (``cluster.path_choice`` scheduler, peer-first, upstream): ``oracle_first_layer_error_p50`` and
+  ``path_regret_p50``.
 * **saturated** (A's link capped and saturated by a background tenant, B idle): not measured yet —
   ``saturated_speedup`` is null (the peer → engine path and link caps do not exist yet).
 """
@@ -29,7 +32,7 @@ import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
-from . import upstreams
+from . import cluster_oracle, upstreams
 from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, start_server
 
 
@@ -161,13 +164,29 @@ def run(args: argparse.Namespace) -> dict:
         args.repeats = 1
     results = {n: asyncio.run(one_upstream(n, args, layout, context)) for n in names if n not in skipped}
     headline = results.get("seaweedfs") or next(iter(results.values()), None)
+    oracle = oracle_case(args, layout, [n for n in names if n not in skipped])
     result = {"benchmark": "cluster", "quick": args.quick, "scale": scale, "chunk_tokens": layout.chunk_tokens,
               "chunk_bytes": layout.chunk_bytes, "transport": args.transport, "skipped": skipped, "upstreams": results,
               "peer_vs_upstream": headline["peer_vs_upstream"] if headline else None,
               "failover_added_s": headline["failover"]["added_s"] if headline else None,
               "saturated_speedup": None, "not_measured": ["saturated (needs per-node link caps and the peer -> engine path)"]}
+    result |= {"oracle_first_layer_error_p50": oracle["oracle_first_layer_error_p50"] if oracle else None,
+               "path_regret_p50": oracle["path_regret_p50"] if oracle else None, "oracle": oracle}
     report(result)
+    if oracle:
+        cluster_oracle.report(oracle)
     return finish(args, result, plot)
+
+
+def oracle_case(args: argparse.Namespace, layout: KVLayout, names: list[str]) -> dict | None:
+    """The oracle and path-regret case (bench/cluster_oracle.py) on the headline upstream (SeaweedFS, else the first)."""
+    if not names:
+        return None
+    up = upstreams.start("seaweedfs" if "seaweedfs" in names else names[0])
+    try:
+        return asyncio.run(cluster_oracle.run_case(up, args, layout)) | {"upstream": up.name}
+    finally:
+        up.stop()
 
 
 def plot(result: dict, fig) -> None:
@@ -203,3 +222,4 @@ def add_parser(sub) -> None:
     p.add_argument("--scale", type=power_of_two, default=32, help="divide bytes per token by this (power of two ≤ 1024)")
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--transport", default="shm", choices=["shm", "http"])
+    cluster_oracle.add_arguments(p)

@@ -59,6 +59,7 @@ class Engine:
     queue: deque = field(default_factory=deque)
     free_at: float = 0.0  # when the compute queued so far will be done
     running: bool = False
+    reading_s: float = 0.0  # compute of its turns still reading their KV (queued ahead of a turn that starts reading now)
 
 
 class DualPathSim:
@@ -115,16 +116,20 @@ class DualPathSim:
         de.tokens += turn.input_tokens + turn.output_tokens
         parts = self._read_plan(hit, pe, de, now) if hit > 0 else []
         pending = [len(parts)]
+        compute = ds_prefill_s(turn.input_tokens - hit, hit)
+        pe.reading_s += compute
 
         def read_done(t: float) -> None:
             pending[0] -= 1
             if pending[0] == 0:
+                pe.reading_s -= compute
                 self._compute(pe, de, turn, hit, t)
 
         for node, links, nbytes in parts:
             self.read_bytes[node] += nbytes
             self.fabric.add(now, links, nbytes, read_done)
         if not parts:
+            pe.reading_s -= compute
             self._compute(pe, de, turn, hit, now)
 
     def _pick_pe(self, now: float) -> Engine:
@@ -148,7 +153,9 @@ class DualPathSim:
         chunks = math.ceil(hit / READ_CHUNK_TOKENS)
         sources = (Source("pe", SourceKind.LOCAL, chunks, tuple(names[k] for k in pe_path)),
                    Source("de", SourceKind.PEER, chunks, tuple(names[k] for k in de_path)))
-        request = PathRequest(chunks, READ_CHUNK_TOKENS * KV_BYTES_PER_TOKEN_DS, 61, engine_busy_s=max(pe.free_at - now, 0.0))
+        # The last chunk is partial: each chunk carries the mean size, so the prediction moves the bytes that are read.
+        # The engine is busy with the compute queued and with the turns still reading for it (they land first).
+        request = PathRequest(chunks, nbytes / chunks, 61, engine_busy_s=max(pe.free_at - now, 0.0) + max(pe.reading_s, 0.0))
         choice = choose_path(request, OracleView(sources, links))
         plan = []
         for seg in choice.segments:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler import LinkView, OracleView, PathRequest, Source, SourceKind, Tier, choose_path
+from scheduler.oracle import EngineClock, first_token_at
 
 from .cluster_sim_models import BLOCK_TOKENS, KV_BYTES_PER_TOKEN_70B, Profile, Request, decode_step_s, percentile, prefill_s
 from .cluster_sim_net import Clock, Fabric
@@ -190,7 +191,7 @@ class NetKVSim:
 
     def _prefilled(self, r: Request, i: int, p: int, now: float) -> None:
         kv = r.input_tokens * KV_BYTES_PER_TOKEN_70B
-        d, plan = self._choose(r, p, kv)
+        d, plan = self._choose(r, p, kv, now)
         dec = self.decodes[d]
         dec.memory += kv
         dec.tokens += r.input_tokens + r.output_tokens
@@ -251,7 +252,7 @@ class NetKVSim:
         self._admit(dec, now)
 
     # --- the policies ----------------------------------------------------------------------------
-    def _choose(self, r: Request, p: int, kv: float) -> tuple[int, list[tuple[int, float]] | None]:
+    def _choose(self, r: Request, p: int, kv: float, now: float) -> tuple[int, list[tuple[int, float]] | None]:
         fits = [d for d in DECODE if self.decodes[d].memory + kv <= DECODE_MEMORY] or list(DECODE)
         hits = {d: min(self.decodes[d].hit_blocks(r.blocks) * BLOCK_TOKENS, r.input_tokens) for d in fits}
         load = {d: len(self.decodes[d].batch) + len(self.decodes[d].waiting) + self.decodes[d].inbound for d in fits}
@@ -280,7 +281,7 @@ class NetKVSim:
                 nbytes = (r.input_tokens - hits[d]) * KV_BYTES_PER_TOKEN_70B
                 return TIER_LATENCY[t] + nbytes / bw + self.decodes[d].queue_estimate() + step[d]
             return min(fits, key=lambda d: (cost(d), rank[d])), None
-        return self._ours(r, p, sorted(fits, key=rank.get), step)
+        return self._ours(r, p, sorted(fits, key=rank.get), step, now)
 
     def _dualpath(self, r: Request, fits: list[int], rank: dict[int, int]) -> int:
         """DualPath's DE selection: avoid high-token engines (above 1.05× the mean after this one), then fewest requests."""
@@ -304,7 +305,7 @@ class NetKVSim:
                                                background=self.snapshot[t] if t >= Tier.SAME_ZONE else 0.0)
         return views
 
-    def _ours(self, r: Request, p: int, fits: list[int], step: dict[int, float]):
+    def _ours(self, r: Request, p: int, fits: list[int], step: dict[int, float], now: float):
         """The path scheduler (scheduler.choose_path) per candidate: from the prefill instance, or split with the warmest peer."""
         links = self._link_views()
         blocks = math.ceil(r.input_tokens / BLOCK_TOKENS)
@@ -318,11 +319,18 @@ class NetKVSim:
                 q = max(peers, key=lambda q: (warm[q], -tier(q, d), -q))
                 sources.append(Source(f"peer{q}", SourceKind.PEER, warm[q], (*self.topo.group_path(q, d), f"port{tier(q, d).value}")))
             first = min(warm[d], blocks)
-            choice = choose_path(PathRequest(blocks, chunk_bytes, 80, first), OracleView(tuple(sources), links))
-            cost = choice.total_s + self.decodes[d].queue_estimate() + step[d]
-            if best is None or cost < best[0] - 1e-12:
-                best = (cost, d, choice)
-        _, d, choice = best
+            # The last block is partial: the chunks to move carry their mean size, not a full block each.
+            missing = max(r.input_tokens - first * BLOCK_TOKENS, 0) * KV_BYTES_PER_TOKEN_70B
+            size = missing / (blocks - first) if blocks > first else chunk_bytes
+            choice = choose_path(PathRequest(blocks, size, 80, first), OracleView(tuple(sources), links))
+            dec = self.decodes[d]
+            engine = EngineClock(step[d], dec.phase if dec.batch else None, now + dec.queue_estimate())
+            cost = first_token_at(engine, now + choice.ttft_s, now) - now
+            moved = sum(seg.end_chunk - seg.first_chunk for seg in choice.segments)
+            # Equal predictions: the engine that moves fewer bytes (it holds more of the prefix) leaves the links to others.
+            if best is None or cost < best[0] * (1 - 1e-9) or (cost <= best[0] * (1 + 1e-9) and moved < best[3]):
+                best = (cost, d, choice, moved)
+        _, d, choice, _ = best
         plan = []
         for seg in choice.segments:
             src = p if seg.source.startswith("prefill") else int(seg.source[4:])

@@ -390,6 +390,9 @@ class StorageServerConfig(Section):
         self.require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0")
 
 
+PATH_CHOICES = ("scheduler", "peer-first", "upstream")
+
+
 @dataclass(frozen=True)
 class ClusterConfig(Section):
     """Nodes that share their caches (s3 backend): peers fetch each other's warm chunks instead of the upstream."""
@@ -426,14 +429,20 @@ class ClusterConfig(Section):
     grant_ttl_s: float = 30.0
     # Bytes per second this node sends to peers at most (0: unlimited), so peers never crowd its own clients.
     serve_max_bytes_per_s: float = 0.0
-    # A kv-get's chunks no peer holds are split into this many + 1 shares: one from the upstream
-    # through this node, the others through as many peers' upstream links (and caches) at once.
+    # Other nodes' upstream links (and caches) a kv-get's cold chunks may also come through, beside this
+    # node's own (DualPath's second storage path): the path scheduler may use up to this many + 2 sources
+    # at once (a peer's warm front, then the cold rest shared so the shares finish together).
     # 0: every cold chunk comes through this node.
     cold_split_peers: int = 0
     # Peer -> engine: an http kv-get (asked for the direct data path) whose chunks this node lacks and one peer
     # holds whole is answered with a ticket for that peer's data endpoint (storage_server.data_listen there), so
     # the client streams it from the peer; the chunks do not enter this node's cache. false: through this node.
     direct_from_peers: bool = False
+    # How a kv-get's chunks missing here are fetched: "scheduler" (the path scheduler picks the path or split
+    # that minimises the predicted TTFT), "peer-first" (no choice: the peer holding the longest warm run, then
+    # the upstream through this node; the baseline bench cluster compares with), "upstream" (peers are never
+    # asked for a kv-get's chunks; kv-estimate and serving peers still work).
+    path_choice: str = "scheduler"
     # The delivery-time oracle (kv-estimate, and each kv-get's prediction): configured bandwidth (Gbit/s) and one-way
     # latency (microseconds) per tier of the static tier map, from the topology labels above (NetKV's tier map).
     same_host_gbps: float = 200.0
@@ -483,6 +492,7 @@ class ClusterConfig(Section):
         self.require(self.fetch_concurrency >= 1, "fetch_concurrency", "must be at least 1")
         self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
         self.require(self.cold_split_peers >= 0, "cold_split_peers", "must be >= 0 (0 = no split)")
+        self.require(self.path_choice in PATH_CHOICES, "path_choice", f"must be one of {', '.join(PATH_CHOICES)}")
         self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
         for tier in ("same_host", "same_rack", "same_zone", "cross_zone"):
             self.require(0 < getattr(self, f"{tier}_gbps") < math.inf, f"{tier}_gbps", "must be > 0 and finite")

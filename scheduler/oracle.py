@@ -214,3 +214,31 @@ def modelled_ttft(first_layer_s: float, total_s: float, num_layers: int, compute
         return total_s + compute_per_layer_s
     gap = max(total_s - first_layer_s, 0.0) / (num_layers - 1)
     return first_layer_s + (num_layers - 1) * max(gap, compute_per_layer_s) + compute_per_layer_s
+
+
+@dataclass(frozen=True)
+class EngineClock:
+    """When a continuously batching engine can start a request: new requests join at iteration boundaries.
+
+    ``step_s``: one iteration with this request in the batch; ``phase_s``: when its current run of iterations
+    began, on the caller's clock (None: idle, it starts a request at once); ``free_at_s``: when a slot is free
+    for it (the queue ahead), on the same clock."""
+
+    step_s: float
+    phase_s: float | None = None
+    free_at_s: float = 0.0
+
+
+def first_token_at(engine: EngineClock, ready_at_s: float, now_s: float) -> float:
+    """When the request's first token is out if its KV is in the engine's memory at ``ready_at_s``: it joins the
+    batch at the first boundary after it is ready and a slot is free, and its token comes one iteration later.
+
+    Only the boundaries of the iteration running now are known (later ones move as requests join and leave and
+    the step changes with the batch): a request ready later than one step from ``now_s`` waits half a step, the mean."""
+    t = max(ready_at_s, engine.free_at_s)
+    if engine.phase_s is None or engine.step_s <= 0:
+        return t + engine.step_s
+    if t - now_s > engine.step_s:
+        return t + 1.5 * engine.step_s
+    wait = engine.step_s - ((t - engine.phase_s) % engine.step_s)
+    return t + wait + engine.step_s

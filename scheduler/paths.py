@@ -23,6 +23,12 @@ An engine still busy with the requests ahead of this one (``engine_busy_s``)
 needs the bytes only when it gets to it: paths that deliver by then tie, and
 the tie goes to the emptier path, leaving the fast one to requests that need it.
 
+With ``max_segments`` above two, the back of the best plan is then shared among more sources that
+hold everything (the upstream through other nodes' links: DualPath's second storage path, several
+peers holding the whole prefix), one more at a time while that lowers the prediction, the shares
+balanced so they finish together (:func:`_balanced`). A source marked ``whole_only`` (a peer that
+would stream the whole kv-get straight to the engine) is never part of a split.
+
 Ties (predictions within ``TIE_RELATIVE``) go to the path whose busiest link
 drains soonest (DualPath's shorter read queue, in time rather than bytes), then
 fewer segments, then the nearer kind of source (local, peer, upstream),
@@ -57,6 +63,8 @@ class Source:
     links: tuple[str, ...]
     alive: bool = True  # False: the peer is gone (no heartbeat); never chosen
     startup_s: float = 0.0  # before the first byte moves (e.g. an upstream's first-byte time)
+    whole_only: bool = False  # serves the whole request or none of it (never one side of a split)
+    store_and_forward: bool = False  # its chunks are all fetched before the first layer moves on (a node's cache)
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,10 @@ class NoPath(ValueError):
     """No live source holds the chunks the request needs."""
 
 
-def choose_path(request: PathRequest, view: OracleView, allow_split: bool = True) -> PathChoice:
-    """The fastest single path or two-way split for ``request`` (raises :class:`NoPath` when none can serve it)."""
+def choose_path(request: PathRequest, view: OracleView, allow_split: bool = True, max_segments: int = 2) -> PathChoice:
+    """The fastest single path or split for ``request`` (raises :class:`NoPath` when none can serve it).
+
+    ``max_segments``: at most this many sources at once (2: a single path or a two-way split)."""
     n, first = request.num_chunks, request.first_chunk
     live = [s for s in view.sources if s.alive and all(link in view.links for link in s.links)]
     if first == n:
@@ -128,14 +138,127 @@ def choose_path(request: PathRequest, view: OracleView, allow_split: bool = True
     if not full:
         raise NoPath(f"no live source holds chunks {first}..{n - 1}")
     options = [_evaluate(request, view, [(s, first, n)]) for s in full]
-    if allow_split:
+    if allow_split and max_segments >= 2:
         for front in live:
-            if front.warm_chunks <= first:
+            if front.warm_chunks <= first or front.whole_only:
                 continue
             for back in full:
-                if back.name != front.name:
+                if back.name != front.name and not back.whole_only:
                     options.append(_best_split(request, view, front, back))
-    return _pick(options)
+    if not allow_split or max_segments <= 2:
+        return _pick(options)
+    families: dict[str, list[PathChoice]] = {}  # by warm front (none: "")
+    for o in options:
+        front = o.segments[0].source if o.segments and _front_of(request, view, o) else ""
+        families.setdefault(front, []).append(o)
+    widened = []
+    for family in families.values():
+        best = _pick(family)
+        while len(best.segments) < max_segments:
+            wider = _widen(request, view, best, full)
+            if wider is None or not wider.ttft_s < best.ttft_s * (1 - TIE_RELATIVE) - 1e-12:
+                break
+            best = wider
+        widened.append(best)
+    return _pick(widened)
+
+
+def _front_of(request: PathRequest, view: OracleView, choice: PathChoice) -> bool:
+    """Whether ``choice`` starts with a warm front (a source not holding everything)."""
+    first = next(s for s in view.sources if s.name == choice.segments[0].source)
+    return first.warm_chunks < request.num_chunks
+
+
+def _widen(request: PathRequest, view: OracleView, choice: PathChoice, full: list[Source]) -> PathChoice | None:
+    """``choice`` with one more full source sharing its back (the segments from sources holding everything), or None."""
+    by_name = {s.name: s for s in view.sources}
+    segs = list(choice.segments)
+    front = segs[:1] if segs and _front_of(request, view, choice) else []
+    group = [by_name[s.source] for s in segs[len(front):]]
+    if not group or any(s.whole_only for s in group):
+        return None
+    fixed = [(by_name[s.source], s.first_chunk, s.end_chunk) for s in front]
+    start = segs[len(front)].first_chunk
+    used = {s.source for s in segs}
+    trials = [_balanced(request, view, fixed, [*group, extra], start) for extra in full if extra.name not in used and not extra.whole_only]
+    return _pick(trials) if trials else None
+
+
+def _balanced(request: PathRequest, view: OracleView, fixed: list[tuple[Source, int, int]], group: list[Source], start: int) -> PathChoice:
+    """Chunks ``[start, n)`` shared among ``group`` so their segments finish together, after the ``fixed`` parts.
+
+    Each source is modelled as a start-up ``L_i`` then a rate ``r_i`` (read off its last prediction); the
+    shares ``c_i = r_i (T - L_i)`` that sum to the chunks left are re-evaluated a few times, since sources
+    sharing a link slow each other; the best evaluated plan is kept."""
+    n = request.num_chunks
+    m = n - start
+    counts = [m // len(group) + (1 if i < m % len(group) else 0) for i in range(len(group))]
+    tried: list[PathChoice] = []
+    for _ in range(4):
+        plan = _plan(group, counts, start)
+        choice = _evaluate(request, view, fixed + plan)
+        tried.append(choice)
+        times = {s.source: s.total_s for s in choice.segments}
+        latency, rate = [], []
+        for src, c in zip(group, counts):
+            lat = src.startup_s + sum(view.links[link].latency_s for link in src.links)
+            if c > 0:
+                r = c / max(times[src.name] - lat, 1e-12)
+            else:  # unused so far: its rate for one chunk alone beside the others
+                one = _evaluate(request, view, fixed + _plan(group, [1 if s is src else k for s, k in zip(group, counts)], start))
+                r = 1 / max({s.source: s.total_s for s in one.segments}[src.name] - lat, 1e-12)
+            latency.append(lat)
+            rate.append(r)
+        counts = _shares(m, latency, rate)
+    return _pick(tried)
+
+
+def _plan(group: list[Source], counts: list[int], start: int) -> list[tuple[Source, int, int]]:
+    parts, at = [], start
+    for src, c in zip(group, counts):
+        if c > 0:
+            parts.append((src, at, at + c))
+            at += c
+    return parts
+
+
+def _shares(m: int, latency: list[float], rate: list[float]) -> list[int]:
+    """Whole shares summing to ``m`` with ``c_i = r_i (T - L_i)``, sources that would start after ``T`` left out
+    (largest remainders rounded up, the earlier source first among equals)."""
+    active = list(range(len(rate)))
+    while True:
+        total_rate = sum(rate[i] for i in active)
+        t = (m + sum(rate[i] * latency[i] for i in active)) / total_rate
+        late = [i for i in active if latency[i] >= t]
+        if not late or len(active) == 1:
+            break
+        active = [i for i in active if i not in late]
+    exact = [rate[i] * (t - latency[i]) if i in active else 0.0 for i in range(len(rate))]
+    counts = [max(0, int(x)) for x in exact]
+    for i in sorted(active, key=lambda i: (-(exact[i] - int(exact[i])), i))[:m - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def peer_first(request: PathRequest, view: OracleView) -> PathChoice:
+    """No choice (the baseline a node runs with ``cluster.path_choice = "peer-first"``): the live cache holding the
+    longest warm run past ``first_chunk`` serves it (the nearer tier, then the name, among equals), the first upstream
+    source in the view the rest; no splits beyond that, no link rates."""
+    n, first = request.num_chunks, request.first_chunk
+    live = [s for s in view.sources if s.alive and all(link in view.links for link in s.links)]
+    caches = [s for s in live if s.kind != SourceKind.UPSTREAM and min(s.warm_chunks, n) > first and (not s.whole_only or s.warm_chunks >= n)]
+    parts: list[tuple[Source, int, int]] = []
+    at = first
+    if caches:
+        holder = min(caches, key=lambda s: (-min(s.warm_chunks, n), view.links[s.links[0]].tier if s.links else 0, s.name))
+        at = min(holder.warm_chunks, n)
+        parts.append((holder, first, at))
+    if at < n:
+        up = next((s for s in live if s.kind == SourceKind.UPSTREAM and s.warm_chunks >= n and not s.whole_only), None)
+        if up is None:
+            raise NoPath(f"no live source holds chunks {at}..{n - 1}")
+        parts.append((up, at, n))
+    return _evaluate(request, view, parts)
 
 
 def predict(request: PathRequest, view: OracleView, plan: Sequence[tuple[str, int, int]]) -> PathChoice:
@@ -144,11 +267,12 @@ def predict(request: PathRequest, view: OracleView, plan: Sequence[tuple[str, in
     return _evaluate(request, view, [(by_name[name], a, b) for name, a, b in plan if b > a])
 
 
-def schedule_batch(requests: Sequence[PathRequest], view: OracleView, allow_split: bool = True) -> tuple[list[PathChoice], OracleView]:
+def schedule_batch(requests: Sequence[PathRequest], view: OracleView, allow_split: bool = True,
+                   max_segments: int = 2) -> tuple[list[PathChoice], OracleView]:
     """Place requests one after another, each seeing the flows of those placed before it; returns the new view."""
     choices = []
     for r in requests:
-        choice = choose_path(r, view, allow_split)
+        choice = choose_path(r, view, allow_split, max_segments)
         choices.append(choice)
         view = with_choice(view, choice)
     return choices, view
@@ -196,7 +320,7 @@ def _evaluate(request: PathRequest, view: OracleView, parts: list[tuple[Source, 
             mine = link_bytes[link]
             total = max(total, latency + ps_seconds(view.links[link], mine, stale))
             first = max(first, latency + ps_seconds(view.links[link], mine / request.num_layers, stale))
-        segments.append(Segment(source.name, a, b, first, total))
+        segments.append(Segment(source.name, a, b, total if source.store_and_forward else first, total))
     first_layer = max((s.first_layer_s for s in segments), default=0.0)
     total = max((s.total_s for s in segments), default=0.0)
     rates: dict[str, float] = {}

@@ -226,7 +226,7 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
-            pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
+            pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
             headers = await asyncio.get_running_loop().run_in_executor(
                 self.executor.pool, read_headers, d, pinned.fds, pinned.offsets, pinned.sizes)

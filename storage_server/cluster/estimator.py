@@ -9,7 +9,7 @@ learns only about its own prefixes: another bucket's chunks have other cache ids
 under the grant's incarnation only.
 
 Every ``estimate_refresh_s`` the measured rates are folded into their EWMAs: each peer's streams into
-this node (the fetcher's bytes over the time its streams ran) and this node's kv-gets to its engines
+this node (bytes after each fetch's first chunk over the time from that chunk to its last: the set-up is the learnt fixed cost, not bandwidth) and this node's kv-gets to its engines
 (payload over transfer time). What the links do not explain is learnt as a fixed cost per kind of source
 from each kv-get's first-layer residual. Each kv-get's prediction (:meth:`forecast`) is the same model
 evaluated, with the link picture taken when the kv-get arrived, on the paths its chunks took; the
@@ -43,7 +43,7 @@ log = logging.getLogger("objectcache.cluster")
 class Estimator:
     def __init__(self, node: ClusterNode, kv: KVService) -> None:
         self.node, self.kv, self.cfg = node, kv, node.cfg
-        self.tiers = TierMap.from_config(node.cfg)
+        self.tiers = TierMap.from_config(node.cfg, node.chunks.concurrency)
         self.telemetry = Telemetry(node.cfg.rate_ewma_alpha)
         self.refreshed_at = time.monotonic()
         self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
@@ -54,6 +54,8 @@ class Estimator:
     def start(self) -> None:
         self.kv.observers.append(self._delivered)
         self.kv.forecaster = self
+        if self.node.fetcher is not None:
+            self.node.fetcher.load = self.load  # the kv-gets' path choices see this node's live links
         self._task = asyncio.ensure_future(self._refreshing())
 
     def close(self) -> None:
@@ -86,7 +88,7 @@ class Estimator:
         tally = self.node.fetcher.tally if self.node.fetcher is not None else None
         totals: dict[str, tuple[float, float]] = {engine_link(me.node_id, host_of(me)): (self.delivered[0], self.delivered[1])}
         if tally is not None:
-            totals |= {peer_link(p, me.node_id): (float(b), tally.wall_s.get(p, 0.0)) for p, b in tally.bytes.items()}
+            totals |= {peer_link(p, me.node_id): (float(b), tally.flow_s.get(p, 0.0)) for p, b in tally.flow_bytes.items()}
         self.telemetry.refresh(totals)
         self.refreshed_at = time.monotonic()
 
@@ -133,8 +135,14 @@ class Estimator:
         for host, target in zip(req.candidates, targets):
             # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
             mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
-            view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s)
-            answers.append(candidate_estimate(host, dict(warm), choose_path(want, view), view))
+            fetcher = self.node.fetcher
+            if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
+                view = fetcher.view(warm, n, float(req.chunk_bytes))
+                choice = fetcher.choose(want, view)
+            else:
+                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes))
+                choice = choose_path(want, view)
+            answers.append(candidate_estimate(host, dict(warm), choice, view))
         self.answered += 1
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
 
@@ -146,7 +154,7 @@ class Estimator:
         """The oracle's prediction for a kv-get whose chunks took ``paths`` (from the link picture at its arrival)."""
         n, chunk = len(d.chunk_keys), d.chunk_object_bytes
         warm, plan = taken_plan(self.me.node_id, paths, chunk, n)
-        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s)
+        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s, chunk_bytes=float(chunk))
         choice = predict(PathRequest(n, float(chunk), d.num_layers), view, plan)
         return Forecast(choice.first_layer_s, choice.total_s)
 

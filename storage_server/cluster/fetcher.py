@@ -2,20 +2,25 @@
 
 For one pin: sign a grant for the missing keys (the kv-get's tenant, bucket incarnation and exact key
 list), ask every live peer at once how many leading missing chunks it holds warm (answers after
-``lookup_timeout_s`` are not waited for), rank them (:func:`.paths.rank_peers`) and stream from the
-best, its range split over up to ``fetch_concurrency`` streams. Each chunk is checked (index, size,
-CRC32C), written through the cache exactly like an upstream fetch and pinned. A stream that breaks,
-stalls or sends a bad chunk is a failover: the next ranked peer takes the chunks still missing, and
-whatever no peer brought comes from the upstream (:class:`~storage_server.store.s3.chunks.S3ChunkSource`);
-with ``cluster.cold_split_peers`` set, that cold rest is split: this node's share from the upstream
-and the nearest peers' shares through their own upstream links and caches (``fill``), at once.
-A stale answer costs a short stream and an upstream fetch, never wrong bytes.
+``lookup_timeout_s`` are not waited for), then let the cluster's path scheduler decide:
+:func:`scheduler.paths.choose_path` over the oracle's view of this node's links
+(:func:`.oracle_view.build_view`: the peers' caches, the upstream through this node and, with
+``cluster.cold_split_peers`` = k, through up to k answering peers' links and caches) picks the path or
+split that minimises the kv-get's predicted TTFT, and :func:`.paths.actions` turns its segments into
+streams, all at once: a peer's range split over up to ``fetch_concurrency`` streams, a helper's
+share fetched upstream by it (``fill``), this node's share by its own GETs. Each chunk is checked
+(index, size, CRC32C), written through the cache exactly like an upstream fetch and pinned. A
+stream that breaks, stalls or sends a bad chunk is a failover: its peer is gone for this kv-get and
+the scheduler is asked again for the chunks still missing; whatever no peer brought comes from the
+upstream (:class:`~storage_server.store.s3.chunks.S3ChunkSource`). A stale answer costs a short
+stream and an upstream fetch, never wrong bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from protocol.cluster import NodeInfo, PeerFetchRange
@@ -23,11 +28,13 @@ from protocol.cluster_auth import PeerGrant
 from protocol.config import ClusterConfig
 from protocol.errors import S3Error
 from protocol.wire import decode_descriptor
+from scheduler.paths import NoPath, OracleView, PathChoice, PathRequest, choose_path, peer_first, with_choice
 
 from ..store.chunk_source import PinFor
 from ..store.s3.chunks import Filled, S3ChunkSource
 from .membership import Membership
-from .paths import Candidate, cold_helpers, direct_peer, rank_peers, shares
+from .oracle_view import NodeLoad, TierMap, build_view
+from .paths import Action, Move, actions, runs
 from .peer_client import PeerCall, PeerClient, PeerFault
 
 log = logging.getLogger("objectcache.cluster")
@@ -39,11 +46,29 @@ class PeerTally:
 
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # summed over concurrent streams
-    wall_s: dict[str, float] = field(default_factory=dict)  # while at least one stream from the peer ran: its achieved rate's time
+    flow_bytes: dict[str, int] = field(default_factory=dict)  # bytes landed after each fetch's first chunk ...
+    flow_s: dict[str, float] = field(default_factory=dict)  # ... over the time from that first chunk to the last: the link's rate
     inflight: dict[str, int] = field(default_factory=dict)  # bytes asked of the peer and not yet landed (the oracle's queued bytes)
     failovers: int = 0
     lookups: int = 0
     direct: int = 0  # kv-gets handed to a peer's data endpoint
+    choices: int = 0  # path choices made (one per missing run per round)
+
+
+@dataclass
+class Flow:
+    """When one fetch from a peer landed its first and last chunk (its rate leaves out the set-up before the first)."""
+
+    first_at: float = -1.0
+    last_at: float = -1.0
+    first_bytes: int = 0
+    bytes: int = 0
+
+    def landed(self, now: float, nbytes: int) -> None:
+        if self.first_at < 0:
+            self.first_at, self.first_bytes = now, nbytes
+        self.last_at = now
+        self.bytes += nbytes
 
 
 def split(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
@@ -60,16 +85,19 @@ class PeerFetcher:
         self.key = cfg.key.encode()
         self.client = PeerClient(me.node_id, self.key, cfg.peer_timeout_s)
         self.tally = PeerTally()
+        self.tiers = TierMap.from_config(cfg, cache.concurrency)
+        self.load: Callable[[], NodeLoad] = NodeLoad  # the node's live link picture (the estimator's, once it runs)
 
-    async def _ask(self, peers: list[NodeInfo], call: PeerCall) -> list[Candidate]:
+    async def _ask(self, peers: list[NodeInfo], call: PeerCall) -> dict[str, tuple[NodeInfo, int]]:
+        """Each answering peer and how many leading keys of ``call`` it holds warm."""
         tasks = {asyncio.ensure_future(self.client.lookup(p, call)): p for p in peers}
         done, pending = await asyncio.wait(tasks, timeout=self.cfg.lookup_timeout_s)
         for t in pending:
             t.cancel()
-        out = []
+        out = {}
         for t in done:
             if t.exception() is None:
-                out.append(Candidate(tasks[t], t.result().warm))
+                out[tasks[t].node_id] = (tasks[t], t.result().warm)
             else:
                 log.info("cluster lookup: %s", t.exception())
         return out
@@ -82,12 +110,45 @@ class PeerFetcher:
             return {}
         grant = PeerGrant.issue(self.key, tenant=tenant, bucket=bucket, bucket_id=bucket_id, keys=keys,
                                 request_id=request_id, issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
-        return {c.peer.node_id: c.warm for c in await self._ask(peers, PeerCall(bucket, bucket_id, keys, grant))}
+        return {node: warm for node, (_, warm) in (await self._ask(peers, PeerCall(bucket, bucket_id, keys, grant))).items()}
+
+    @property
+    def max_segments(self) -> int:
+        """A peer's front, this node's upstream share and up to ``cold_split_peers`` helpers' shares."""
+        return 2 + self.cfg.cold_split_peers
+
+    def view(self, warm: dict[str, int], num_chunks: int, chunk_bytes: float, gone: Collection[str] = (), direct: bool = False) -> OracleView:
+        """The oracle's view of this node's paths for ``num_chunks`` chunks (``warm``: leading chunks held per node)."""
+        nodes = {n.node_id: n for n in [self.me, *self.members.live()]}
+        helpers = [p for p in warm if p != self.me.node_id] if self.cfg.cold_split_peers > 0 else []
+        return build_view(self.me, nodes, warm, num_chunks, self.tiers, self.load(), self.cfg.estimate_stale_after_s,
+                          chunk_bytes=chunk_bytes, helpers=helpers, direct=direct, gone=gone)
+
+    def choose(self, request: PathRequest, view: OracleView) -> PathChoice:
+        """``cluster.path_choice``: the path scheduler, or the fixed peer-first rule it is compared with."""
+        if self.cfg.path_choice == "peer-first":
+            return peer_first(request, view)
+        return choose_path(request, view, max_segments=self.max_segments)
+
+    def plan(self, todo: list[tuple[int, int]], warm: dict[str, int], num_chunks: int, pin_for: PinFor,
+             gone: Collection[str]) -> list[Action]:
+        """The scheduler's choice for each missing run ``[lo, hi)``, each seeing the flows of those placed before it."""
+        view = self.view(warm, num_chunks, float(pin_for.chunk_bytes), gone)
+        out: list[Action] = []
+        for lo, hi in todo:
+            try:
+                choice = self.choose(PathRequest(hi, float(pin_for.chunk_bytes), pin_for.num_layers, first_chunk=lo), view)
+            except NoPath:  # nobody left but this node's own upstream path, which the pin takes anyway
+                continue
+            self.tally.choices += 1
+            view = with_choice(view, choice)
+            out += actions(choice, self.me.node_id)
+        return out
 
     async def fill(self, bucket: str, bucket_id: str, wanted: list[tuple[str, str]], pin_for: PinFor,
                    cache: S3ChunkSource, filled: Filled) -> None:
         peers = self.members.live()
-        if not peers or not wanted:
+        if not peers or not wanted or self.cfg.path_choice == "upstream":
             return
         keys = [k for k, _ in wanted]
         grant = PeerGrant.issue(self.key, tenant=pin_for.tenant, bucket=bucket, bucket_id=bucket_id, keys=keys,
@@ -95,33 +156,43 @@ class PeerFetcher:
         call = PeerCall(bucket, bucket_id, keys, grant)
         self.tally.lookups += 1
         answers = await self._ask(peers, call)
-        ranked = rank_peers(self.me, answers)
+        warm = {node: w for node, (_, w) in answers.items()}
         have = [False] * len(wanted)
-        failed: set[str] = set()
-        for cand in ranked:
-            todo = [i for i in range(cand.warm) if not have[i]]
-            if todo and not await self._runs_from(cand.peer, call, todo, wanted, have, pin_for, cache, filled, fill=False):
-                failed.add(cand.peer.node_id)
-        rest = [i for i in range(len(wanted)) if not have[i]]
-        answered = [a.peer for a in answers]  # a peer that did not answer the lookup in time is not given a share either
-        helpers = cold_helpers(self.me, answered, self.cfg.cold_split_peers, failed) if rest else []
-        if helpers:
-            own, *theirs = shares(rest, len(helpers) + 1)
-            await asyncio.gather(self._own_share(bucket, own, wanted, have, cache, filled, pin_for.tenant),
-                                 *(self._runs_from(p, call, share, wanted, have, pin_for, cache, filled, fill=True)
-                                   for p, share in zip(helpers, theirs) if share))
+        gone: set[str] = set()
+        for _ in range(len(answers) + 1):  # each round either finishes or loses a peer
+            todo = runs([i for i, h in enumerate(have) if not h])
+            moves = self.plan(todo, warm, len(wanted), pin_for, gone) if todo else []
+            if all(a.move is Move.OWN for a in moves):
+                return  # this node's upstream GETs alone: the pin's own path takes what is missing
+            results = await asyncio.gather(*(self._act(a, answers, call, bucket, wanted, have, pin_for, cache, filled) for a in moves))
+            failed = {a.node for a, ok in zip(moves, results) if not ok}
+            if not failed:
+                return
+            gone |= failed
+
+    async def _act(self, a: Action, answers: dict[str, tuple[NodeInfo, int]], call: PeerCall, bucket: str, wanted: list[tuple[str, str]],
+                   have: list[bool], pin_for: PinFor, cache: S3ChunkSource, filled: Filled) -> bool:
+        todo = [i for i in range(a.lo, a.hi) if not have[i]]
+        if a.move is Move.OWN:
+            await self._own_share(bucket, todo, wanted, have, cache, filled, pin_for.tenant)
+            return True
+        if a.move is Move.DIRECT:
+            raise ValueError("a direct path is answered with a ticket, never inside a pin")
+        return await self._runs_from(answers[a.node][0], call, todo, wanted, have, pin_for, cache, filled, fill=a.move is Move.FILL)
 
     async def _runs_from(self, peer: NodeInfo, call: PeerCall, todo: list[int], wanted: list[tuple[str, str]], have: list[bool],
                          pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool) -> bool:
         """``todo`` (indices into ``wanted``) from ``peer`` over up to ``fetch_concurrency`` streams; False (a failover) if any broke."""
-        runs = _runs(todo)
-        ranges = [r for lo, hi in runs for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(runs)))]
-        t = self.tally
-        started = asyncio.get_running_loop().time()
-        try:
-            results = await asyncio.gather(*(self._stream(peer, call, lo, hi, wanted, have, pin_for, cache, filled, fill) for lo, hi in ranges))
-        finally:
-            t.wall_s[peer.node_id] = t.wall_s.get(peer.node_id, 0.0) + asyncio.get_running_loop().time() - started
+        if not todo:
+            return True
+        spans = runs(todo)
+        ranges = [r for lo, hi in spans for r in split(lo, hi, max(1, self.cfg.fetch_concurrency // len(spans)))]
+        flow = Flow()
+        results = await asyncio.gather(*(self._stream(peer, call, lo, hi, wanted, have, pin_for, cache, filled, fill, flow) for lo, hi in ranges))
+        if not fill and flow.last_at > flow.first_at >= 0:  # a fill's pace is the helper's upstream GETs, not the link
+            t, p = self.tally, peer.node_id
+            t.flow_bytes[p] = t.flow_bytes.get(p, 0) + flow.bytes - flow.first_bytes
+            t.flow_s[p] = t.flow_s.get(p, 0.0) + flow.last_at - flow.first_at
         if all(results):
             return True
         filled.failovers += 1
@@ -149,7 +220,7 @@ class PeerFetcher:
         await asyncio.gather(*(one(i) for i in own))
 
     async def _stream(self, peer: NodeInfo, call: PeerCall, lo: int, hi: int, wanted: list[tuple[str, str]], have: list[bool],
-                      pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool = False) -> bool:
+                      pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool = False, flow: Flow | None = None) -> bool:
         """Chunks ``[lo, hi)`` from ``peer`` into the cache; False when the stream failed before delivering them all."""
         path = f"peer:{peer.node_id}"
         loop = asyncio.get_running_loop()
@@ -177,6 +248,8 @@ class PeerFetcher:
             nonlocal landed
             landed += len(data)
             t.inflight[peer.node_id] -= len(data)
+            if flow is not None:
+                flow.landed(loop.time(), len(data))
             await land(index, data, *more)
 
         try:
@@ -191,23 +264,33 @@ class PeerFetcher:
         return ok
 
     async def direct_grant(self, tenant: str, bucket: str, request_id: str, descriptor: bytes) -> dict | None:
-        """Peer -> engine: when this node lacks chunks of an http kv-get that one peer holds whole, a ticket for that peer's
-        data endpoint (the client streams from it directly); None to serve here (any failure also means: serve here)."""
-        if not self.cfg.direct_from_peers:
+        """Peer -> engine: when the path scheduler picks a peer streaming this http kv-get straight to the engine
+        (``direct:<W>``, offered for peers holding it whole), a ticket for that peer's data endpoint (the client streams
+        from it directly); None to serve here (any failure also means: serve here)."""
+        if not self.cfg.direct_from_peers or self.cfg.path_choice == "upstream":
             return None
-        keys = decode_descriptor(descriptor).chunk_keys
+        d = decode_descriptor(descriptor)
+        keys = d.chunk_keys
         peers = self.members.live()
         bucket_id = await self.cache.store.bucket_id(bucket)
-        if not peers or all(self.cache.cached_size(bucket_id, k)[1] is not None for k in keys):
+        local = next((i for i, k in enumerate(keys) if self.cache.cached_size(bucket_id, k)[1] is None), len(keys))
+        if not peers or local == len(keys):
             return None
         grant = PeerGrant.issue(self.key, tenant=tenant, bucket=bucket, bucket_id=bucket_id, keys=keys, request_id=request_id,
                                 issuer=self.me.node_id, ttl_s=self.cfg.grant_ttl_s)
         call = PeerCall(bucket, bucket_id, keys, grant)
-        peer = direct_peer(self.me, await self._ask(peers, call), len(keys))
-        if peer is None:
+        answers = await self._ask(peers, call)
+        warm = {self.me.node_id: local, **{node: w for node, (_, w) in answers.items()}}
+        view = self.view(warm, len(keys), float(d.chunk_object_bytes), direct=True)
+        try:
+            moves = actions(self.choose(PathRequest(len(keys), float(d.chunk_object_bytes), d.num_layers), view), self.me.node_id)
+        except NoPath:
+            return None
+        self.tally.choices += 1
+        if not (len(moves) == 1 and moves[0].move is Move.DIRECT):
             return None
         try:
-            ticket = await self.client.ticket(peer, call, descriptor)
+            ticket = await self.client.ticket(answers[moves[0].node][0], call, descriptor)
         except PeerFault as e:
             log.info("cluster: no direct path (%s); serving request %s here", e, request_id)
             return None
@@ -218,15 +301,5 @@ class PeerFetcher:
         t = self.tally
         rates = {p: round(b / t.seconds[p]) for p, b in t.bytes.items() if t.seconds.get(p)}
         return {"fetched_bytes": dict(t.bytes), "fetch_bytes_per_s": rates, "failovers": t.failovers, "lookups": t.lookups,
-                "direct_grants": t.direct}
+                "direct_grants": t.direct, "path_choices": t.choices}
 
-
-def _runs(indices: list[int]) -> list[tuple[int, int]]:
-    """Sorted indices as maximal ``[lo, hi)`` runs."""
-    runs: list[tuple[int, int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
-    return runs

@@ -6,8 +6,20 @@ local node), so every path ends on that node's link to the engine:
 * ``local`` — the node's own cache: ``<node>-><host>`` (same host);
 * ``peer:<W>`` — a peer's cache through the node: ``<W>-><node>`` (the tier between their topology
   labels), then ``<node>-><host>``;
-* ``upstream@<node>`` — the upstream store through the node: ``upstream-><node>`` (configured
-  upstream bandwidth, first-byte time as start-up), then ``<node>-><host>``.
+* ``upstream@<node>`` — the upstream store through the node: ``upstream-><node>``, then ``<node>-><host>``;
+* ``upstream@<W>`` (a helper: ``cluster.cold_split_peers``) — the upstream through peer W's link and cache:
+  ``upstream-><W>``, ``<W>-><node>``, ``<node>-><host>``;
+* ``direct:<W>`` (``cluster.direct_from_peers``) — a peer holding the whole prefix streams it straight to
+  the engine: ``<W>-><host>`` alone; whole or nothing (a ticket serves the whole kv-get).
+
+The upstream is an object store read one GET per chunk, ``cache.fetch_concurrency`` at a time: each GET
+costs its first-byte time before its bytes flow, so for chunks of ``s`` bytes a node's upstream link
+carries ``1 / (first_byte / (streams·s) + 1 / bandwidth)`` bytes/s (:meth:`TierMap.upstream_rate`): small
+chunks are bound by request latency, large ones by bandwidth. The first GET's first byte starts the source.
+
+A node fetches every chunk it misses into its cache before the kv-get's first layer moves on (the
+pin precedes the transfer), so peer and upstream sources are ``store_and_forward``: their first
+layer is predicted when their last chunk has landed, not one layer's bytes after the start.
 
 Each link's bandwidth and latency come from the static tier map (``[cluster]`` config); a link this
 node measures (its peers' streams into it, its own deliveries to its engines) has the EWMA of its
@@ -20,7 +32,7 @@ source from the node's own kv-gets (:func:`corrected_startup`) and starts each s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from protocol.cluster import NodeInfo
@@ -57,14 +69,22 @@ class TierMap:
     """Configured bandwidth and latency per tier, and the upstream's."""
 
     tiers: Mapping[Tier, TierLink]
-    upstream: TierLink  # bandwidth into one node; latency = first-byte time
+    upstream: TierLink  # bandwidth into one node; latency = first-byte time of one GET
+    upstream_streams: int = 4  # GETs one node has in flight at once (cache.fetch_concurrency)
 
     @classmethod
-    def from_config(cls, cfg: ClusterConfig) -> "TierMap":
+    def from_config(cls, cfg: ClusterConfig, upstream_streams: int = 4) -> "TierMap":
         tiers = {tier: TierLink(getattr(cfg, f"{name}_gbps") * GBPS, getattr(cfg, f"{name}_latency_us") * 1e-6)
                  for tier, name in ((Tier.SAME_HOST, "same_host"), (Tier.SAME_RACK, "same_rack"),
                                     (Tier.SAME_ZONE, "same_zone"), (Tier.CROSS_ZONE, "cross_zone"))}
-        return cls(tiers, TierLink(cfg.upstream_gbps * GBPS, cfg.upstream_first_byte_ms * 1e-3))
+        return cls(tiers, TierLink(cfg.upstream_gbps * GBPS, cfg.upstream_first_byte_ms * 1e-3), max(1, upstream_streams))
+
+    def upstream_rate(self, chunk_bytes: float) -> float:
+        """Bytes/s one node's GETs of ``chunk_bytes``-byte chunks bring: each GET's first byte, then its bytes."""
+        bw = self.upstream.bandwidth_bytes_per_s
+        if chunk_bytes <= 0 or self.upstream.latency_s <= 0:
+            return bw
+        return 1 / (self.upstream.latency_s / (self.upstream_streams * chunk_bytes) + 1 / bw)
 
 
 @dataclass
@@ -115,26 +135,50 @@ def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:
 
 
 def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[str, int], num_chunks: int,
-               tiers: TierMap, load: NodeLoad, stale_after_s: float = math.inf) -> OracleView:
+               tiers: TierMap, load: NodeLoad, stale_after_s: float = math.inf, *, chunk_bytes: float = 0.0,
+               helpers: Sequence[str] = (), direct: bool = False, gone: Collection[str] = ()) -> OracleView:
     """The sources of a prefix for the engine beside ``target``: its cache, every node in ``warm`` holding a
-    leading run (``nodes`` gives their labels; an unknown one is taken as far away), and the upstream through it."""
+    leading run (``nodes`` gives their labels; an unknown one is taken as far away), the upstream through it,
+    through each of ``helpers``' links, and (``direct``) each peer holding all of it straight to the engine.
+    A node in ``gone`` (it failed this kv-get) is a source that is not alive."""
     me = target.node_id
     eng = engine_link(me, host_of(target))
     links = {eng: _link(eng, Tier.SAME_HOST, tiers.tiers[Tier.SAME_HOST], load)}
     start = load.startup_s
+
+    def to_me(node_id: str) -> str:
+        name = peer_link(node_id, me)
+        if name not in links:
+            other = nodes.get(node_id)
+            tier = tier_between(placement(other), placement(target)) if other is not None else Tier.CROSS_ZONE
+            links[name] = _link(name, tier, tiers.tiers[tier], load)
+        return name
+
+    def upstream_into(node_id: str) -> str:
+        name = upstream_link(node_id)
+        links.setdefault(name, _link(name, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes), 0.0), load))
+        return name
+
     sources = [Source("local", SourceKind.LOCAL, min(warm.get(me, 0), num_chunks), (eng,), startup_s=start.get("local", 0.0))]
     for node_id, chunks in sorted(warm.items()):
         if node_id == me or chunks <= 0:
             continue
-        name = peer_link(node_id, me)
+        sources.append(Source(f"peer:{node_id}", SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), eng),
+                              alive=node_id not in gone, startup_s=start.get("peer", 0.0), store_and_forward=True))
         other = nodes.get(node_id)
-        tier = tier_between(placement(other), placement(target)) if other is not None else Tier.CROSS_ZONE
-        links[name] = _link(name, tier, tiers.tiers[tier], load)
-        sources.append(Source(f"peer:{node_id}", SourceKind.PEER, min(chunks, num_chunks), (name, eng), startup_s=start.get("peer", 0.0)))
-    up = upstream_link(me)
-    links[up] = _link(up, UPSTREAM_TIER, TierLink(tiers.upstream.bandwidth_bytes_per_s, 0.0), load)
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (up, eng),
-                          startup_s=tiers.upstream.latency_s + start.get("upstream", 0.0)))
+        if direct and chunks >= num_chunks and other is not None:
+            name = engine_link(node_id, host_of(target))
+            tier = tier_between(placement(other), placement(target))
+            links[name] = _link(name, tier, tiers.tiers[tier], load)
+            sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (name,), alive=node_id not in gone,
+                                  startup_s=start.get("peer", 0.0), whole_only=True))
+    up_start = tiers.upstream.latency_s + start.get("upstream", 0.0)
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (upstream_into(me), eng), startup_s=up_start,
+                          store_and_forward=True))
+    for node_id in sorted(set(helpers) - {me}):
+        # A helper's share pays the upstream's fixed cost and then a peer stream's (grant, connection, its first chunk).
+        sources.append(Source(f"upstream@{node_id}", SourceKind.UPSTREAM, num_chunks, (upstream_into(node_id), to_me(node_id), eng),
+                              alive=node_id not in gone, startup_s=up_start + start.get("peer", 0.0), store_and_forward=True))
     return OracleView(tuple(sources), links, stale_after_s)
 
 

@@ -1,47 +1,66 @@
-"""Which peer to ask first: a pure function of the lookup answers and the topology.
+"""A path choice as the fetcher's actions: the pure step between :func:`scheduler.paths.choose_path` and the I/O.
 
-The simple rules until the cluster's path scheduler (issue 26) replaces them: for warm chunks, the peer holding the
-longest warm run of the missing chunks first, a nearer one (same host, rack, zone) among equals,
-then by node id so every node decides the same way. Peers holding nothing are left out. The
-kv-get's node walks the list in order: when a peer fails part-way, the next one that holds
-chunks past that point takes over, and whatever no peer brings comes from the upstream. For cold
-chunks, with ``cluster.cold_split_peers`` = k, the miss is cut into k + 1 consecutive shares: the
-first through this node's upstream link, the others through the k nearest peers' (DualPath's second
-storage path), all at once.
+The fetcher plans in the space of the chunks its cache misses (``wanted``, in prefix order; a peer's warm
+count is how many leading ``wanted`` chunks it holds). Each segment of a choice becomes one action:
+
+* ``peer:<W>`` — stream the range from W's cache;
+* ``upstream@<W>`` (W another node) — W fetches the range from the upstream through its own link and cache
+  and streams it here (a *fill*: DualPath's second storage path);
+* ``upstream@<me>`` — this node's own GETs;
+* ``local`` — nothing to move (already pinned).
+
+A choice can only use what the view offered, so these are all the sources there are (``direct:<W>`` is
+answered with a ticket before any pin, :meth:`.fetcher.PeerFetcher.direct_grant`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-from protocol.cluster import NodeInfo
+from scheduler.paths import PathChoice
+
+
+class Move(Enum):
+    PEER = "peer"  # from the peer's cache
+    FILL = "fill"  # through the peer's upstream link and cache
+    OWN = "own"  # this node's upstream GETs
+    DIRECT = "direct"  # the peer streams the whole kv-get to the engine
 
 
 @dataclass(frozen=True)
-class Candidate:
-    peer: NodeInfo
-    warm: int  # leading missing chunks it said it holds
+class Action:
+    move: Move
+    node: str
+    lo: int  # index into the missing chunks
+    hi: int  # exclusive
 
 
-def rank_peers(me: NodeInfo, answers: list[Candidate]) -> list[Candidate]:
-    """The peers worth asking, best first."""
-    return sorted((a for a in answers if a.warm > 0), key=lambda a: (-a.warm, me.distance(a.peer), a.peer.node_id))
+def actions(choice: PathChoice, me: str) -> list[Action]:
+    """The segments of ``choice`` as moves, in prefix order (``local`` segments move nothing)."""
+    out = []
+    for seg in choice.segments:
+        kind, _, node = seg.source.partition(":") if ":" in seg.source else seg.source.partition("@")
+        if seg.source == "local":
+            continue
+        if kind == "peer":
+            move = Move.PEER
+        elif kind == "direct":
+            move = Move.DIRECT
+        elif kind == "upstream":
+            move = Move.OWN if node == me else Move.FILL
+        else:
+            raise ValueError(f"a path source the fetcher cannot take: {seg.source!r}")
+        out.append(Action(move, node, seg.first_chunk, seg.end_chunk))
+    return out
 
 
-def cold_helpers(me: NodeInfo, peers: list[NodeInfo], k: int, exclude: set[str]) -> list[NodeInfo]:
-    """Up to ``k`` peers to fetch shares of a cold miss from the upstream through their own links, nearest first."""
-    usable = [p for p in peers if p.node_id not in exclude]
-    return sorted(usable, key=lambda p: (me.distance(p), p.node_id))[:k]
-
-
-def shares(indices: list[int], parts: int) -> list[list[int]]:
-    """``indices`` cut into ``parts`` consecutive shares of near-equal length (the first is the asking node's own)."""
-    n = len(indices)
-    cuts = [n * i // parts for i in range(parts + 1)]
-    return [indices[a:b] for a, b in zip(cuts, cuts[1:])]
-
-
-def direct_peer(me: NodeInfo, answers: list[Candidate], n: int) -> NodeInfo | None:
-    """The peer to stream a whole kv-get straight to the engine (peer -> engine): one holding all ``n`` chunks, nearest first."""
-    whole = [a for a in rank_peers(me, answers) if a.warm == n]
-    return whole[0].peer if whole else None
+def runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as maximal ``[lo, hi)`` runs."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out

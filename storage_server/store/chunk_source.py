@@ -27,6 +27,7 @@ class PinFor:
     tenant: str
     request_id: str
     chunk_bytes: int
+    num_layers: int = 1  # layers per chunk (the path scheduler predicts the first layer's arrival)
 
 
 class ChunkHandle(NamedTuple):

@@ -17,3 +17,10 @@ def test_bench_cluster_on_moto(tmp_path):
     assert failover["killed_mid_transfer"] and failover["paths"]["peer:b0"] > 0  # the kill landed mid-stream
     assert result["peer_vs_upstream"] == row["peer_vs_upstream"] > 0 and math.isfinite(result["failover_added_s"])
     assert "saturated_speedup" in result and result["saturated_speedup"] is None  # not measured yet, and says so
+    # The oracle case: three replays of one trace side by side, every request served whole under each path choice.
+    oracle = result["oracle"]
+    assert set(oracle["modes"]) == {"scheduler", "peer-first", "upstream"}
+    for rows in oracle["runs"].values():
+        assert len(rows) == oracle["requests"] and all(sum(r["paths"].values()) > 0 for r in rows)
+    assert all("peer" not in p for r in oracle["runs"]["upstream"] for p in r["paths"])  # path choice "upstream" asks no peer
+    assert result["oracle_first_layer_error_p50"] >= 0 and result["path_regret_p50"] >= 0

@@ -1,0 +1,195 @@
+"""``bench cluster``'s oracle case: the delivery-time oracle and the path scheduler on three real nodes.
+
+Three cluster nodes (A, B, C: one zone, each in a rack of its own, so every peer link is the same-zone
+tier) over one upstream, each node's sending to its peers paced to ``--peer-mbps`` (its NIC,
+``cluster.serve_max_bytes_per_s``, and the tier map's ``same_zone_gbps`` says the same). The upstream's
+first-byte time is measured first (median of a few GETs of one chunk) and configured
+(``upstream_first_byte_ms``): an operator's calibration, not a fit to the results.
+
+A replayed trace (the bundled Mooncake-format sample's prompt lengths, each request with probability 0.6
+the next turn of an earlier one: its whole prefix plus a few blocks; a block is one chunk, so requests
+sharing a prefix share chunks; every chunk starts in the upstream only) is sent request by
+request to A, B, C in turn. For each request the node is first asked ``kv-estimate`` for its own host
+(the oracle's predicted time to the first layer), then the kv-get runs. The same replay runs three
+times on fresh nodes, each with another ``cluster.path_choice``: ``scheduler`` (the path scheduler),
+``peer-first`` (path choice off: the longest warm run, then the upstream) and ``upstream`` (no peers).
+
+* ``oracle_first_layer_error_p50`` — median over the scheduler replay's requests (after the first
+  ``WARMUP`` that teach the nodes their fixed costs) of |predicted − measured| / measured first layer,
+  measured as the node's own setup plus first-layer time (END statistics).
+* ``path_regret_p50`` — median over requests of the scheduler replay's kv-get time over the fastest of
+  the three replays' times for the same request, minus one (the best path in hindsight, measured).
+  Each replay's caches evolve from its own choices, so a request's state is close, not identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import time
+
+import numpy as np
+
+from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+
+from . import upstreams
+from .cluster_sim_models import SAMPLE_TRACE, load_records
+from .harness import BenchServer, s3_client, start_server
+
+MODES = ("scheduler", "peer-first", "upstream")
+NODES = ("a", "b", "c")
+WARMUP = 3  # requests whose prediction errors are left out: the nodes learn their fixed costs from them
+
+
+def node_toml(name: str, port: int, key: str, mode: str, peer_rate: float, first_byte_ms: float, cache_bytes: int) -> str:
+    return (f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
+            f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\n'
+            f'registry_bucket = "oc-bench-oracle-{mode}"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\nlookup_timeout_s = 1.0\n'
+            f'peer_timeout_s = 10.0\nfetch_concurrency = 4\nzone = "z1"\nrack = "r-{name}"\npath_choice = "{mode}"\n'
+            f"cold_split_peers = 1\nserve_max_bytes_per_s = {peer_rate}\nsame_zone_gbps = {peer_rate * 8 / 1e9}\n"
+            f"upstream_first_byte_ms = {first_byte_ms}\nestimate_refresh_s = 0.5\n")
+
+
+def trace_requests(n: int, max_chunks: int, reuse: float = 0.6) -> list[list[int]]:
+    """``n`` requests as chunk (block id) lists: the bundled sample's lengths (at most ``max_chunks``), each request
+    with probability ``reuse`` a later turn of an earlier one (its whole prefix, then a few new blocks), as the cluster
+    simulator's chatbot profile reuses prefixes (the raw sample shares none)."""
+    rng = np.random.default_rng(7)
+    lengths = [min(len(r["hash_ids"]), max_chunks) for r in load_records(SAMPLE_TRACE)]
+    out: list[list[int]] = []
+    fresh = 10**6
+    for i in range(n):
+        if out and rng.random() < reuse:
+            base = out[int(rng.integers(len(out)))]
+            grow = int(rng.integers(1, 4))
+            out.append((base + list(range(fresh, fresh + grow)))[:max_chunks])
+            fresh += grow
+        else:
+            size = max(1, lengths[i % len(lengths)])
+            out.append(list(range(fresh, fresh + size)))
+            fresh += size
+    return out
+
+
+def keys_of(blocks: list[int], layout: KVLayout) -> list[str]:
+    g = layout.chunk_tokens
+    tokens = np.concatenate([np.arange(g, dtype=np.uint64) + np.uint64(h * g) for h in blocks])
+    return chunk_keys(tokens, g, "bench-oracle")
+
+
+async def upload(node: BenchServer, bucket: str, keys: list[str], blob: bytes) -> None:
+    """Every chunk into the upstream only (plain S3 PUTs through A keep no cache copy)."""
+    async with s3_client(node.endpoint, node.access_key, node.secret_key) as s3:
+        await s3.create_bucket(Bucket=bucket)
+        gate = asyncio.Semaphore(8)
+
+        async def one(k: str) -> None:
+            async with gate:
+                await s3.put_object(Bucket=bucket, Key=k, Body=blob)
+
+        await asyncio.gather(*(one(k) for k in keys))
+
+
+async def first_byte_ms(node: BenchServer, bucket: str, key: str) -> float:
+    """The median of a few GETs of one chunk through an island node's S3 API (the upstream's request time)."""
+    times = []
+    async with s3_client(node.endpoint, node.access_key, node.secret_key) as s3:
+        for _ in range(7):
+            t0 = time.perf_counter()
+            resp = await s3.get_object(Bucket=bucket, Key=key)
+            await resp["Body"].read()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+async def replay(up: upstreams.Upstream, mode: str, layout: KVLayout, requests: list[list[int]], blob: bytes,
+                 peer_rate: float, fb_ms: float, transport: str) -> list[dict]:
+    key = secrets.token_urlsafe(33)
+    cache = 4 * layout.chunk_bytes * sum(len(r) for r in requests)
+    nodes: dict[str, BenchServer] = {}
+    try:
+        for name in NODES:
+            toml = node_toml(name, upstreams._free_port(), key, mode, peer_rate, fb_ms, cache)
+            creds = (nodes["a"].access_key, nodes["a"].secret_key) if nodes else None
+            nodes[name] = start_server(toml, credentials=creds, store_toml=up.store_toml())
+        wait_all_live(nodes)
+        bucket = f"oracle-{mode}"
+        await upload(nodes["a"], bucket, sorted({k for r in requests for k in keys_of(r, layout)}), blob)
+        rows = []
+        for i, blocks in enumerate(requests):
+            name = NODES[i % len(NODES)]
+            node = nodes[name]
+            keys = keys_of(blocks, layout)
+            async with ObjectCacheClient(node.endpoint, node.access_key, node.secret_key, bucket=bucket) as c:
+                est = (await c.estimate(keys, [name], layout)).candidates[0]
+                t0 = time.perf_counter()
+                _, stats = await c.fetch(keys, layout, transport, mode="layerwise", verify=True)
+                wall = time.perf_counter() - t0
+            s = stats.server
+            rows.append({"node": name, "chunks": len(keys), "s": wall, "measured_first_layer_s": s.setup_s + s.first_layer_s,
+                         "predicted_first_layer_s": est.first_layer_s, "predicted_total_s": est.total_s,
+                         "predicted_path": [p.source for p in est.path], "paths": s.paths})
+        return rows
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
+def wait_all_live(nodes: dict[str, BenchServer]) -> None:
+    deadline = time.monotonic() + 30
+    for name, node in nodes.items():
+        while not set(nodes) - {name} <= set(node.status()["cluster"]["live_peers"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster nodes not live within 30 s")
+            time.sleep(0.1)
+
+
+async def run_case(up: upstreams.Upstream, args: argparse.Namespace, layout: KVLayout) -> dict:
+    """The oracle case on ``up``: three replays side by side and the two headline fields."""
+    n = 9 if args.quick else args.oracle_requests
+    requests = trace_requests(n, 8 if args.quick else 24)
+    blob = np.random.default_rng(5).integers(0, 256, layout.chunk_bytes, dtype=np.uint8).tobytes()
+    peer_rate = args.peer_mbps * 1e6
+    island = start_server(store_toml=up.store_toml())
+    try:
+        await upload(island, "oracle-calibration", ["probe"], blob)
+        fb_ms = await first_byte_ms(island, "oracle-calibration", "probe")
+    finally:
+        island.stop()
+    runs = {mode: await replay(up, mode, layout, requests, blob, peer_rate, fb_ms, args.transport) for mode in MODES}
+    sched = runs["scheduler"]
+    errors = [abs(r["predicted_first_layer_s"] - r["measured_first_layer_s"]) / r["measured_first_layer_s"]
+              for r in sched[WARMUP:] if r["measured_first_layer_s"] > 0]
+    regrets = [sched[i]["s"] / min(runs[m][i]["s"] for m in MODES) - 1 for i in range(len(sched))]
+    return {"requests": len(requests), "peer_bytes_per_s": peer_rate, "upstream_first_byte_ms": fb_ms,
+            "oracle_first_layer_error_p50": statistics.median(errors) if errors else None,
+            "path_regret_p50": statistics.median(regrets),
+            "modes": {m: {"mean_s": statistics.mean(r["s"] for r in rs), "p50_s": statistics.median(r["s"] for r in rs),
+                          "chunk_paths": _path_totals(rs)} for m, rs in runs.items()},
+            "runs": runs}
+
+
+def _path_totals(rows: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        for p, b in r["paths"].items():
+            p = "peer" if p.startswith("peer:") else p
+            out[p] = out.get(p, 0) + b
+    return out
+
+
+def report(case: dict) -> None:
+    print(f"\noracle case: {case['requests']} trace requests over A, B, C (peer links paced to {case['peer_bytes_per_s'] / 1e6:.0f} MB/s, "
+          f"upstream first byte {case['upstream_first_byte_ms']:.1f} ms)")
+    for m, v in case["modes"].items():
+        print(f"  path_choice={m:10s} mean {v['mean_s'] * 1e3:7.1f} ms  p50 {v['p50_s'] * 1e3:7.1f} ms  bytes by path {v['chunk_paths']}")
+    err = case["oracle_first_layer_error_p50"]
+    print(f"  oracle first-layer error p50: {'n/a' if err is None else f'{err:.0%}'} (goal ≤ 20%); "
+          f"path regret p50: {case['path_regret_p50']:+.0%} (goal ≤ 10%)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oracle-requests", type=int, default=24, help="trace requests the oracle case replays")
+    p.add_argument("--peer-mbps", type=float, default=16.0, help="each node's pace to its peers in the oracle case (MB/s)")
