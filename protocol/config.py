@@ -36,7 +36,7 @@ PLACEHOLDER_MARK = "REPLACE_WITH"
 MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local", "s3")
 # cache.policy: which chunks a node evicts (storage_server/store/cache/policy.py).
-CACHE_POLICIES = ("lru", "prefix")
+CACHE_POLICIES = ("lru", "prefix", "reuse")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
@@ -224,7 +224,8 @@ class CacheConfig(Section):
     # another node is served from a stale copy at most this long. 0: checked at every kv-get.
     revalidate_after_s: float = 60.0
     # Which chunk goes when room is needed: "prefix" (the least valuable leaf of the cached
-    # prefix trees: reuse, the conversation it continues, depth, recency) or "lru".
+    # prefix trees: reuse, the conversation it continues, depth, recency), "lru", or "reuse"
+    # (experimental: the leaf least likely to be used again, odds learnt online per kind of chunk).
     policy: str = "prefix"
     # Bytes of chunks one tenant may hold on this node (0 = no per-tenant bound; a tenant's
     # own cache_max_bytes overrides it): a tenant at its bound evicts its own chunks first.
