@@ -230,8 +230,15 @@ class CacheConfig(Section):
     # Bytes of chunks one tenant may hold on this node (0 = no per-tenant bound; a tenant's
     # own cache_max_bytes overrides it): a tenant at its bound evicts its own chunks first.
     tenant_max_bytes: int = 0
+    # Bytes of chunks one tenant may soft-pin (kv-put with x-oc-soft-pin-ttl: kept through any
+    # eviction until the TTL ends, e.g. a system prompt). 0 = soft pins are refused.
+    soft_pin_tenant_max_bytes: int = 0
+    # The longest TTL a soft pin may ask for.
+    soft_pin_max_ttl_s: float = 3600.0
 
     def validate(self) -> None:
+        self.require(self.soft_pin_tenant_max_bytes >= 0, "soft_pin_tenant_max_bytes", "must be >= 0 (0 = soft pins refused)")
+        self.require(self.soft_pin_max_ttl_s > 0, "soft_pin_max_ttl_s", "must be > 0")
         self.require(self.policy in CACHE_POLICIES, "policy", f"unknown policy {self.policy!r} (supported: {', '.join(CACHE_POLICIES)})")
         self.require(self.tenant_max_bytes >= 0, "tenant_max_bytes", "must be >= 0 (0 = no per-tenant bound)")
         self.require(self.revalidate_after_s >= 0, "revalidate_after_s", "must be >= 0 (0 = checked at every kv-get)")

@@ -144,7 +144,8 @@ class KVService:
     # -- small operations --------------------------------------------------------
     async def put(self, call: RpcCall) -> Reply:
         bucket, tenant = call.field("bucket"), call.field("tenant")
-        etags = await self.chunks.put_chunks(bucket, decode_put_batch(call.body), tenant)
+        soft_pin_s = float(call.request.fields.get("soft_pin_s", 0.0))
+        etags = await self.chunks.put_chunks(bucket, decode_put_batch(call.body), tenant, soft_pin_s)
         return PutReply(len(etags), etags).to_json()
 
     async def lookup(self, call: RpcCall) -> Reply:
