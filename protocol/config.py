@@ -37,6 +37,8 @@ MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local", "s3")
 # cache.policy: which chunks a node evicts (storage_server/store/cache/policy.py).
 CACHE_POLICIES = ("lru", "prefix", "reuse")
+# storage_server.read_path: how a cold transfer splits the page cache and O_DIRECT (storage_server/read_path.py).
+READ_PATHS = ("direct", "planner", "page-cache")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
@@ -273,6 +275,12 @@ class StorageServerConfig(Section):
     # are then read into the page cache in the background, within half of the available
     # memory, for the next fetch. 0: cold chunks are read through the page cache.
     cold_read_depth: int = 16
+    # How a cold transfer (sampled chunks mostly not in the page cache) is read, all transfers
+    # sharing one page-cache budget (MemAvailable and the memory cgroup's limit less its anon and
+    # shmem): "direct" (O_DIRECT where it can land, then read into the page cache in the background
+    # within the budget), "planner" (Dual-Blade: layers 0..n1-1 through the page cache while the
+    # budget allows, the rest O_DIRECT) or "page-cache" (every layer through it, read ahead within the budget).
+    read_path: str = "direct"
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
@@ -367,6 +375,7 @@ class StorageServerConfig(Section):
         self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
+        self.require(self.read_path in READ_PATHS, "read_path", f"unknown {self.read_path!r} (supported: {', '.join(READ_PATHS)})")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")

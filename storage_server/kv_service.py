@@ -118,7 +118,7 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path)
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
@@ -325,6 +325,7 @@ class KVService:
             "transfers_completed": self.completed,
             "bytes_delivered": self.bytes_delivered,
             "http_staging": self.staging.status(),
+            "page_cache_budget": self.executor.budget.status(),
             "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
         }
