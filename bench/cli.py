@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import capacity, cluster, cluster_sim, evict, faults, peers, s3ops, sched, trace, transfer, ttft, wire
+from . import capacity, cluster, cluster_sim, evict, faults, memory_budget, peers, s3ops, sched, trace, transfer, ttft, wire
 
-MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers, memory_budget]
 
 
 class _OneLineHelp(argparse.HelpFormatter):
