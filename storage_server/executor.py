@@ -141,6 +141,20 @@ def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s
     )
 
 
+def _layer_order(plan: ReadPlan, layers: int, group: int) -> tuple[list[int], list[int], list[int]]:
+    """Read-ahead ranges of layers 0..layers-1 in the order the transfer consumes them: a group of layers of every
+    chunk, then the next group (chunk by chunk, the first layer would wait for the last chunk's every layer)."""
+    s = plan.descriptor.per_layer_chunk_bytes
+    fds, offsets, sizes = [], [], []
+    for first in range(0, layers, group):
+        n = min(group, layers - first) * s
+        for fd, offset in zip(plan.fds, plan.offsets):
+            fds.append(fd)
+            offsets.append(offset + first * s)
+            sizes.append(n)
+    return fds, offsets, sizes
+
+
 def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
     return [crc32c(data[i * layer_bytes : (i + 1) * layer_bytes]) for i in range(layers)]
 
@@ -235,10 +249,12 @@ class Executor:
         loop = asyncio.get_running_loop()
         n1, s = path.page_cache_layers, d.per_layer_chunk_bytes
         cached = direct = None
+        # The direct layers start once the page-cache layers are read: started beside them, their reads would
+        # queue against the first layers' read-ahead, and the first layer is what an engine waits for.
         try:
             if n1:
                 ahead = None if not path.read_ahead_bytes else loop.run_in_executor(
-                    None, read_ahead, plan.fds, plan.offsets, [n1 * s] * len(plan.fds), path.read_ahead_bytes)
+                    None, read_ahead, *_layer_order(plan, n1, group_layers(s, d.num_layers)), path.read_ahead_bytes)
                 try:
                     cached = await self._run(plan, transport, pacer, started, range(n1))
                 finally:
@@ -246,6 +262,7 @@ class Executor:
                 cached.read_ahead_bytes = read_ahead_bytes
             if files is not None and n1 < d.num_layers:
                 direct = await self._run_direct(plan, transport, pacer, started, files, range(n1, d.num_layers))
+            if direct is not None:
                 direct.direct_read_bytes = (d.num_layers - n1) * len(plan.fds) * s
                 if self.read_path == "direct":
                     # Kept for reuse (a prefix is fetched again): the kernel reads the chunks into the page cache
