@@ -29,6 +29,8 @@ Kind = tuple[str, ...]
 # A class's odds start at the odds of all chunks (as if it had seen PRIOR chunks of them: a rare class is
 # not trusted more than the whole), and its counts are halved once it saw MEMORY chunks (keeps adapting).
 PRIOR, MEMORY = 2.0, 20000
+# Reuses seen (all classes) before the odds shape the order.
+MIN_REUSES = 32
 # Cache turnovers (in units of the bytes cached) a chunk is aged per e-fold drop of its reuse odds.
 HORIZON = 1.0
 
@@ -66,11 +68,15 @@ class ReusePolicy(PrefixTreePolicy):
 
     def _reprice(self, key: str, node: _Node) -> None:
         kind = self._kind.get(key)
-        odds = self.odds(kind if kind is not None else ("unknown",))
         # In units of the most ever cached (the cache's size once full: a chunk priced while the cache
         # filled up must not outlive later ones), relative to the odds of all chunks (an average one is LRU).
+        # Until MIN_REUSES reuses were seen, plain recency: with none seen, every class's odds only say how
+        # many chunks it has (fewer look better), which evicted the bulk of new chains first.
         self._high = max(self._high, self.used)
-        node.prio = self.clock + self.horizon * self._high * math.log(odds / self.overall())
+        shift = 0.0
+        if self._all[1] >= MIN_REUSES:
+            shift = math.log(self.odds(kind if kind is not None else ("unknown",)) / self.overall())
+        node.prio = self.clock + self.horizon * self._high * shift
         if not node.children:
             heapq.heappush(self._heap, (node.prio, next(self._seq), key))
 
