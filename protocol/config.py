@@ -281,6 +281,9 @@ class StorageServerConfig(Section):
     # within the budget), "planner" (Dual-Blade: layers 0..n1-1 through the page cache while the
     # budget allows, the rest O_DIRECT) or "page-cache" (every layer through it, read ahead within the budget).
     read_path: str = "direct"
+    # At most this many bytes of that page-cache budget (0 = as MemAvailable and the memory cgroup allow),
+    # e.g. on a node whose memory other services need.
+    page_cache_max_bytes: int = 0
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
@@ -375,6 +378,7 @@ class StorageServerConfig(Section):
         self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
+        self.require(self.page_cache_max_bytes >= 0, "page_cache_max_bytes", "must be >= 0 (0 = from MemAvailable and the cgroup)")
         self.require(self.read_path in READ_PATHS, "read_path", f"unknown {self.read_path!r} (supported: {', '.join(READ_PATHS)})")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")

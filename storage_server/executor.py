@@ -282,10 +282,13 @@ class Executor:
 
     def _direct_possible(self, plan: ReadPlan, transport: Transport) -> bool:
         """Whether this transfer could read past the page cache: layerwise into the client's own memory
-        (``transport.reads_into_destination``), every address aligned, a direct read pool configured."""
+        (``transport.reads_into_destination``) or page-aligned staging of whole layers (``aligned_staging``), every
+        address aligned, a direct read pool configured."""
         d = plan.descriptor
-        if not self.direct_depth or plan.mode != Mode.LAYERWISE or not transport.reads_into_destination:
+        if not self.direct_depth or plan.mode != Mode.LAYERWISE:
             return False
+        if not transport.reads_into_destination and not (transport.aligned_staging and plan.piece_chunks >= len(plan.fds)):
+            return False  # staging: only page-aligned buffers, a whole layer per piece
         return aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))])
 
     def _warm_later(self, plan: ReadPlan) -> int:
@@ -315,7 +318,8 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         n, s = len(plan.fds), d.per_layer_chunk_bytes
-        group = group_layers(s, d.num_layers)
+        # Rotating staging buffers (http) hold one layer each: a group is one layer, two in use at a time.
+        group = 1 if transport.buffers_in_rotation else group_layers(s, d.num_layers)
         tasks = max(1, min(n, self.direct_depth * 4))  # more runs than threads: the queue stays full to the end
         runs = [(n * i // tasks, n * (i + 1) // tasks) for i in range(tasks)]
         timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]

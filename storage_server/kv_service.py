@@ -32,6 +32,7 @@ from scheduler.policies import TransferDemand
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
+from .memory_budget import MemoryBudget
 from .plan import TransferPlan, check_chunk_sizes, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
@@ -118,7 +119,7 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path)
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path, MemoryBudget(max_bytes=ss.page_cache_max_bytes))
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
@@ -209,7 +210,8 @@ class KVService:
         arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         # Its chunk files open beside the other transfers', never EMFILE; an O_DIRECT twin each where a cold read may go direct.
-        direct = bool(self.executor.direct_depth) and transport_class(d.target.transport).reads_into_destination
+        kind = transport_class(d.target.transport)
+        direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)
         async with self.fds.hold(len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
             return await self._get(call, d, arrived)
 

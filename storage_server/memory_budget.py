@@ -20,8 +20,9 @@ from .read_path import MemoryFacts, page_cache_budget, read_memory_facts
 
 class MemoryBudget:
     def __init__(self, facts: Callable[[], MemoryFacts] = read_memory_facts, reserved: int = 0, refresh_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = 0) -> None:
         self._facts, self.reserved, self.refresh_s, self._clock = facts, reserved, refresh_s, clock
+        self.max_bytes = max_bytes  # storage_server.page_cache_max_bytes (0: no cap)
         self._read_at = float("-inf")
         self._total = 0
         self.held = 0
@@ -31,7 +32,8 @@ class MemoryBudget:
         """B_pc now (the facts re-read when older than ``refresh_s``)."""
         now = self._clock()
         if now - self._read_at >= self.refresh_s:
-            self._total, self._read_at = page_cache_budget(self._facts(), self.reserved), now
+            total = page_cache_budget(self._facts(), self.reserved)
+            self._total, self._read_at = min(total, self.max_bytes) if self.max_bytes else total, now
         return self._total
 
     def free(self) -> int:
