@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import capacity, cluster, cluster_sim, compression, evict, faults, peers, s3ops, sched, trace, transfer, ttft, vllm, wire
+from . import capacity, cluster, cluster_sim, compression, evict, faults, memory_budget, peers, s3ops, sched, trace, transfer, ttft, vllm, wire
 
-MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers, compression, vllm]
+MODULES = [wire, transfer, ttft, sched, trace, s3ops, faults, capacity, cluster, cluster_sim, evict, peers, compression, memory_budget, vllm]
 
 
 class _OneLineHelp(argparse.HelpFormatter):

@@ -36,7 +36,7 @@ from protocol.checksums import b64
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
-from protocol.kv_http import HEADER_RDMA_TAG, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
+from protocol.kv_http import HEADER_RDMA_TAG, HEADER_SOFT_PIN_TTL, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
 from protocol.verbs import ENGINE, VerbsDevice
@@ -297,8 +297,12 @@ class ObjectCacheClient:
             raise from_botocore(self.endpoint, what, e) from None
 
     async def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None, *,
-                         codec: str = "none") -> int:
+                         codec: str = "none", soft_pin_s: float = 0.0) -> int:
         """Store chunk objects (each bytes-like or ndarray of ``L·S`` bytes, KV_L2TD).
+
+        ``soft_pin_s`` > 0 (an operator marking a hot prefix, e.g. a system prompt): the node keeps
+        them cached through any eviction for that many seconds, within the tenant's
+        ``cache.soft_pin_tenant_max_bytes`` (a put beyond it is refused: InvalidRequest).
 
         Batched into few ``kv-put`` requests. Chunks are immutable: putting
         identical bytes again is a no-op, different bytes for a stored key is
@@ -324,15 +328,16 @@ class ObjectCacheClient:
             batch.append(item)
             size += item[1].nbytes
             if size >= PUT_BATCH_BYTES:
-                await self._put_batch(batch)
+                await self._put_batch(batch, soft_pin_s)
                 batch, size = [], 0
         if batch:
-            await self._put_batch(batch)
+            await self._put_batch(batch, soft_pin_s)
         return len(views)
 
-    async def _put_batch(self, batch: list[tuple[str, memoryview]]) -> None:
+    async def _put_batch(self, batch: list[tuple[str, memoryview]], soft_pin_s: float = 0.0) -> None:
         body = encode_put_batch(batch)  # a list of views: each attempt sends it afresh
-        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body))
+        extra = {HEADER_SOFT_PIN_TTL: f"{soft_pin_s:g}"} if soft_pin_s else None
+        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body, extra_headers=extra))
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the longest cached prefix, in chunks."""

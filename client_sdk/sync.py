@@ -58,8 +58,9 @@ class SyncObjectCacheClient:
     def ensure_bucket(self) -> None:
         self._call(self.client.ensure_bucket())
 
-    def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
-        return self._call(self.client.put_chunks(keys, chunks, layout))
+    def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None, *,
+                   codec: str = "none", soft_pin_s: float = 0.0) -> int:
+        return self._call(self.client.put_chunks(keys, chunks, layout, codec=codec, soft_pin_s=soft_pin_s))
 
     def lookup(self, keys: Sequence[str]) -> int:
         return self._call(self.client.lookup(keys))

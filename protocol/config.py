@@ -37,7 +37,9 @@ PLACEHOLDER_MARK = "REPLACE_WITH"
 MIN_EXPOSED_SECRET_CHARS = 16
 STORE_BACKENDS = ("local", "s3")
 # cache.policy: which chunks a node evicts (storage_server/store/cache/policy.py).
-CACHE_POLICIES = ("lru", "prefix")
+CACHE_POLICIES = ("lru", "prefix", "reuse")
+# storage_server.read_path: how a cold transfer splits the page cache and O_DIRECT (storage_server/read_path.py).
+READ_PATHS = ("direct", "planner", "page-cache")
 # The allocation policies of ``scheduler.policies`` (the contract names them; a test keeps the two equal).
 BANDWIDTH_POLICIES = ("equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a cluster node id (protocol.cluster)
@@ -238,13 +240,21 @@ class CacheConfig(Section):
     # another node is served from a stale copy at most this long. 0: checked at every kv-get.
     revalidate_after_s: float = 60.0
     # Which chunk goes when room is needed: "prefix" (the least valuable leaf of the cached
-    # prefix trees: reuse, the conversation it continues, depth, recency) or "lru".
+    # prefix trees: reuse, the conversation it continues, depth, recency), "lru", or "reuse"
+    # (experimental: the leaf least likely to be used again, odds learnt online per kind of chunk).
     policy: str = "prefix"
     # Bytes of chunks one tenant may hold on this node (0 = no per-tenant bound; a tenant's
     # own cache_max_bytes overrides it): a tenant at its bound evicts its own chunks first.
     tenant_max_bytes: int = 0
+    # Bytes of chunks one tenant may soft-pin (kv-put with x-oc-soft-pin-ttl: kept through any
+    # eviction until the TTL ends, e.g. a system prompt). 0 = soft pins are refused.
+    soft_pin_tenant_max_bytes: int = 0
+    # The longest TTL a soft pin may ask for.
+    soft_pin_max_ttl_s: float = 3600.0
 
     def validate(self) -> None:
+        self.require(self.soft_pin_tenant_max_bytes >= 0, "soft_pin_tenant_max_bytes", "must be >= 0 (0 = soft pins refused)")
+        self.require(self.soft_pin_max_ttl_s > 0, "soft_pin_max_ttl_s", "must be > 0")
         self.require(self.policy in CACHE_POLICIES, "policy", f"unknown policy {self.policy!r} (supported: {', '.join(CACHE_POLICIES)})")
         self.require(self.tenant_max_bytes >= 0, "tenant_max_bytes", "must be >= 0 (0 = no per-tenant bound)")
         self.require(self.revalidate_after_s >= 0, "revalidate_after_s", "must be >= 0 (0 = checked at every kv-get)")
@@ -279,6 +289,15 @@ class StorageServerConfig(Section):
     # are then read into the page cache in the background, within half of the available
     # memory, for the next fetch. 0: cold chunks are read through the page cache.
     cold_read_depth: int = 16
+    # How a cold transfer (sampled chunks mostly not in the page cache) is read, all transfers
+    # sharing one page-cache budget (MemAvailable and the memory cgroup's limit less its anon and
+    # shmem): "direct" (O_DIRECT where it can land, then read into the page cache in the background
+    # within the budget), "planner" (Dual-Blade: layers 0..n1-1 through the page cache while the
+    # budget allows, the rest O_DIRECT) or "page-cache" (every layer through it, read ahead within the budget).
+    read_path: str = "direct"
+    # At most this many bytes of that page-cache budget (0 = as MemAvailable and the memory cgroup allow),
+    # e.g. on a node whose memory other services need.
+    page_cache_max_bytes: int = 0
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
@@ -373,6 +392,8 @@ class StorageServerConfig(Section):
         self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
+        self.require(self.page_cache_max_bytes >= 0, "page_cache_max_bytes", "must be >= 0 (0 = from MemAvailable and the cgroup)")
+        self.require(self.read_path in READ_PATHS, "read_path", f"unknown {self.read_path!r} (supported: {', '.join(READ_PATHS)})")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")
         self.require(self.max_descriptor_keys >= 1, "max_descriptor_keys", "must be at least 1")
         self.require(self.open_files >= 0, "open_files", "must be >= 0 (0 = no open-file cache)")

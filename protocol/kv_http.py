@@ -32,6 +32,7 @@ class KVOp(StrEnum):
 
 
 # Response headers of a kv-get (before its frames).
+HEADER_SOFT_PIN_TTL = "x-oc-soft-pin-ttl"  # kv-put: keep these chunks cached for this many seconds (cache.soft_pin_*)
 HEADER_MODE = "x-oc-mode"  # "chunkwise" or "layerwise": what the server chose
 HEADER_PAYLOAD_BYTES = "x-oc-payload-bytes"  # N·L·S
 HEADER_GATEWAY_S = "x-oc-gateway-s"  # seconds the gateway spent before the first byte

@@ -34,7 +34,9 @@ from protocol.wire import Descriptor, Mode, TransferStats
 
 from .compressed_reads import ChunkHeader, decode_run, decode_whole_chunks
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
-from .residency import read_ahead, read_ahead_budget, resident_fraction
+from .memory_budget import MemoryBudget
+from .read_path import ReadPath, plan_read_path, wanted_bytes
+from .residency import read_ahead, resident_fraction
 from .store import PinnedChunks
 from .transports import Transport
 
@@ -146,6 +148,20 @@ def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s
     )
 
 
+def _layer_order(plan: ReadPlan, layers: int, group: int) -> tuple[list[int], list[int], list[int]]:
+    """Read-ahead ranges of layers 0..layers-1 in the order the transfer consumes them: a group of layers of every
+    chunk, then the next group (chunk by chunk, the first layer would wait for the last chunk's every layer)."""
+    s = plan.descriptor.per_layer_chunk_bytes
+    fds, offsets, sizes = [], [], []
+    for first in range(0, layers, group):
+        n = min(group, layers - first) * s
+        for fd, offset in zip(plan.fds, plan.offsets):
+            fds.append(fd)
+            offsets.append(offset + first * s)
+            sizes.append(n)
+    return fds, offsets, sizes
+
+
 def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
     return [crc32c(data[i * layer_bytes : (i + 1) * layer_bytes]) for i in range(layers)]
 
@@ -153,10 +169,12 @@ def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
 class Executor:
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
-    def __init__(self, io_threads: int, direct_depth: int = 0) -> None:
+    def __init__(self, io_threads: int, direct_depth: int = 0, read_path: str = "direct", budget: MemoryBudget | None = None) -> None:
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kv-read")
         self.io_threads = io_threads
         self.direct_depth = direct_depth  # O_DIRECT reads in flight for cold transfers; 0: always through the page cache
+        self.read_path = read_path  # storage_server.read_path: how cold transfers split page cache and O_DIRECT
+        self.budget = budget or MemoryBudget()  # the page cache every transfer of this server shares
         self._direct: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
@@ -218,51 +236,78 @@ class Executor:
         ``pacer.after_layer()`` called once it is read (layerwise only).
         """
         d = plan.descriptor
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         if plan.headers is not None:  # compressed chunks: read + decode on the pool (no O_DIRECT groups, no L·S read-ahead)
             return await self._run(plan, transport, pacer, started)
         resident = resident_fraction(plan.fds, plan.offsets)
-        files = self._direct_files(plan, transport, resident)
-        if files is not None:  # mostly cold: read past the page cache, deep-queued
-            try:
-                stats = await self._run_direct(plan, transport, pacer, started, files)
-            finally:
-                files.close()
-            stats.resident_sample, stats.direct_read_bytes = resident, d.payload_bytes
-            # Kept for reuse (a prefix is fetched again): the kernel reads the chunks into the page cache
-            # in the background, within the memory budget, now that the transfer no longer waits on the disk.
-            stats.read_ahead_bytes = self._warm_later(plan)
-            return stats
-        # Some sampled chunk is cold: the kernel reads them all ahead, deep-queued.
-        ahead = None if resident == 1.0 else loop.run_in_executor(
-            None, read_ahead, plan.fds, plan.offsets, [d.num_layers * d.per_layer_chunk_bytes] * len(plan.fds), read_ahead_budget())
-        try:
-            stats = await self._run(plan, transport, pacer, started)
-        finally:
-            read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
-        stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
+        layer_bytes = len(plan.fds) * d.per_layer_chunk_bytes
+        direct_possible = self._direct_possible(plan, transport)
+        with self.budget.holding(wanted_bytes(self.read_path, d.num_layers, layer_bytes, resident, COLD_FRACTION, direct_possible)) as grant:
+            path = plan_read_path(self.read_path, num_layers=d.num_layers, layer_bytes=layer_bytes, resident=resident,
+                                  cold_fraction=COLD_FRACTION, granted=grant[0], direct_possible=direct_possible)
+            self.budget.give_back(grant[0] - path.read_ahead_bytes)  # what the plan does not use is free for others now
+            grant[0] = path.read_ahead_bytes
+            files = DirectFiles.open(plan.fds) if path.direct else None
+            if path.direct and files is None:  # this filesystem refuses O_DIRECT (tmpfs): all through the page cache
+                path = ReadPath(d.num_layers, False, path.read_ahead_bytes)
+            stats = await self._run_path(plan, transport, pacer, started, path, files)
+        stats.resident_sample = resident
         return stats
 
-    def _direct_files(self, plan: ReadPlan, transport: Transport, resident: float) -> DirectFiles | None:
-        """O_DIRECT descriptors when this transfer should read past the page cache, else None (the budgeter).
-
-        Direct when the sample is mostly cold, the transfer is layerwise into the client's
-        own memory (``transport.reads_into_destination``) and every address is aligned;
-        a filesystem that refuses O_DIRECT leaves the page-cache path.
-        """
+    async def _run_path(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, path: ReadPath,
+                        files: DirectFiles | None) -> TransferStats:
+        """Layers 0..n₁−1 through the page cache (their bytes read ahead, deep-queued), the rest with O_DIRECT."""
         d = plan.descriptor
-        if not self.direct_depth or resident > COLD_FRACTION or plan.mode != Mode.LAYERWISE or not transport.reads_into_destination:
-            return None
-        if not aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))]):
-            return None
-        return DirectFiles.open(plan.fds)
+        loop = asyncio.get_running_loop()
+        n1, s = path.page_cache_layers, d.per_layer_chunk_bytes
+        cached = direct = None
+        # The direct layers start once the page-cache layers are read: started beside them, their reads would
+        # queue against the first layers' read-ahead, and the first layer is what an engine waits for.
+        try:
+            if n1:
+                ahead = None if not path.read_ahead_bytes else loop.run_in_executor(
+                    None, read_ahead, *_layer_order(plan, n1, group_layers(s, d.num_layers)), path.read_ahead_bytes)
+                try:
+                    cached = await self._run(plan, transport, pacer, started, range(n1))
+                finally:
+                    read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
+                cached.read_ahead_bytes = read_ahead_bytes
+            if files is not None and n1 < d.num_layers:
+                direct = await self._run_direct(plan, transport, pacer, started, files, range(n1, d.num_layers))
+            if direct is not None:
+                direct.direct_read_bytes = (d.num_layers - n1) * len(plan.fds) * s
+                if self.read_path == "direct":
+                    # Kept for reuse (a prefix is fetched again): the kernel reads the chunks into the page cache
+                    # in the background, within the free budget, now that the transfer no longer waits on the disk.
+                    direct.read_ahead_bytes = self._warm_later(plan)
+        finally:
+            if files is not None:
+                files.close()
+        if cached is None or direct is None:
+            return cached or direct  # type: ignore[return-value]
+        cached.layer_timeline[n1:] = direct.layer_timeline[n1:]
+        cached.storage_read_s += direct.storage_read_s
+        cached.delivery_s += direct.delivery_s
+        cached.total_s = direct.total_s
+        cached.direct_read_bytes = direct.direct_read_bytes
+        return cached
+
+    def _direct_possible(self, plan: ReadPlan, transport: Transport) -> bool:
+        """Whether this transfer could read past the page cache: layerwise into the client's own memory
+        (``transport.reads_into_destination``) or page-aligned staging of whole layers (``aligned_staging``), every
+        address aligned, a direct read pool configured."""
+        d = plan.descriptor
+        if not self.direct_depth or plan.mode != Mode.LAYERWISE:
+            return False
+        if not transport.reads_into_destination and not (transport.aligned_staging and plan.piece_chunks >= len(plan.fds)):
+            return False  # staging: only page-aligned buffers, a whole layer per piece
+        return aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))])
 
     def _warm_later(self, plan: ReadPlan) -> int:
         """Read a cold transfer's chunks into the page cache in the background, within budget; the bytes asked for."""
         d = plan.descriptor
         size = d.num_layers * d.per_layer_chunk_bytes
-        budget = read_ahead_budget()
+        budget = self.budget.free() // 2  # half of what the running transfers leave: the next one needs room too
         count = min(len(plan.fds), budget // size if size else 0)
         if not count:
             return 0
@@ -278,12 +323,15 @@ class Executor:
         self._direct_pool().submit(warm)  # fadvise may block on a full device queue: not on a layer reader
         return count * size
 
-    async def _run_direct(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, files: DirectFiles) -> TransferStats:
-        """Layerwise, a group of layers at a time: each chunk's layers of the group in one O_DIRECT read, ``direct_depth`` in flight."""
+    async def _run_direct(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, files: DirectFiles,
+                          layers_to_read: range) -> TransferStats:
+        """Layerwise, ``layers_to_read`` a group of layers at a time: each chunk's layers of the group in one O_DIRECT read,
+        ``direct_depth`` in flight."""
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         n, s = len(plan.fds), d.per_layer_chunk_bytes
-        group = group_layers(s, d.num_layers)
+        # Rotating staging buffers (http) hold one layer each: a group is one layer, two in use at a time.
+        group = 1 if transport.buffers_in_rotation else group_layers(s, d.num_layers)
         tasks = max(1, min(n, self.direct_depth * 4))  # more runs than threads: the queue stays full to the end
         runs = [(n * i // tasks, n * (i + 1) // tasks) for i in range(tasks)]
         timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
@@ -304,7 +352,7 @@ class Executor:
                 if pacer is not None:
                     pacer.after_layer()
             t1 = time.perf_counter()
-            read_s = t1 - started - timeline[0][0]  # reads overlap: their span
+            read_s = t1 - started - timeline[layers_to_read.start][0]  # reads overlap: their span
             for layer, dest in zip(layers, dests):
                 crc = await loop.run_in_executor(self.pool, crc32c, dest) if d.layer_checksums else 0
                 t = time.perf_counter()
@@ -314,14 +362,14 @@ class Executor:
                 timeline[layer] = [t0 - started, t1 - started, time.perf_counter() - started]
 
         try:
-            for first_layer in range(0, d.num_layers, group):
-                layers = range(first_layer, min(first_layer + group, d.num_layers))
+            for first_layer in range(layers_to_read.start, layers_to_read.stop, group):
+                layers = range(first_layer, min(first_layer + group, layers_to_read.stop))
                 dests = [transport.piece_buffer(layer, 0, n) for layer in layers]
                 if pacer is not None:
                     await pacer.before_layer(d.layer_bytes * len(layers))
                 t0 = time.perf_counter()
-                if not first_layer:
-                    timeline[0][0] = t0 - started
+                if first_layer == layers_to_read.start:
+                    timeline[first_layer][0] = t0 - started
                 futures = [loop.run_in_executor(pool, read_layer_group, files, plan.offsets, a, b, first_layer, s, dests) for a, b in runs if a < b]
                 submitted += futures
                 in_flight.append((layers, dests, futures, t0))
@@ -332,14 +380,15 @@ class Executor:
         except BaseException:
             await asyncio.gather(*submitted, return_exceptions=True)  # no read is still writing when this returns
             raise
-        return _stats(plan, timeline, read_s, deliver_s, started, timeline[0][2] if timeline else 0.0)
+        return _stats(plan, timeline, read_s, deliver_s, started, timeline[layers_to_read.start][2] if layers_to_read else 0.0)
 
     def _direct_pool(self) -> ThreadPoolExecutor:
         if self._direct is None:
             self._direct = read_pool(self.direct_depth)
         return self._direct
 
-    async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
+    async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, layers: range) -> TransferStats:
+        """Through the page cache: chunkwise every layer, layerwise ``layers`` (the first of them up to a prefix of all)."""
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         read_s = deliver_s = first_layer_s = 0.0
@@ -385,7 +434,7 @@ class Executor:
             pieces = [(a, min(a + k, n)) for a in range(0, n, k)]
             reuse = transport.buffers_in_rotation
             try:
-                for layer in range(d.num_layers):
+                for layer in layers:
                     if reuse and len(deliveries) >= reuse:
                         await deliveries[-reuse]  # the layer's first buffer is free (not waited for while holding a dispatch slot)
                     if pacer is not None:

@@ -34,6 +34,7 @@ from .compressed_reads import check_puts, read_headers
 from .deadline import LoadDeadline
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
+from .memory_budget import MemoryBudget
 from .plan import TransferPlan, plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
@@ -121,7 +122,7 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path, MemoryBudget(max_bytes=ss.page_cache_max_bytes))
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
@@ -147,9 +148,10 @@ class KVService:
     # -- small operations --------------------------------------------------------
     async def put(self, call: RpcCall) -> Reply:
         bucket, tenant = call.field("bucket"), call.field("tenant")
+        soft_pin_s = float(call.request.fields.get("soft_pin_s", 0.0))
         items = decode_put_batch(call.body)
         check_puts(bucket, items, self.config.compression)
-        etags = await self.chunks.put_chunks(bucket, items, tenant)
+        etags = await self.chunks.put_chunks(bucket, items, tenant, soft_pin_s)
         return PutReply(len(etags), etags).to_json()
 
     async def lookup(self, call: RpcCall) -> Reply:
@@ -213,7 +215,8 @@ class KVService:
         arrived = time.perf_counter()
         d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         # Its chunk files open beside the other transfers', never EMFILE; an O_DIRECT twin each where a cold read may go direct.
-        direct = bool(self.executor.direct_depth) and transport_class(d.target.transport).reads_into_destination
+        kind = transport_class(d.target.transport)
+        direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)
         async with self.fds.hold(len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
             return await self._get(call, d, arrived)
 
@@ -335,6 +338,7 @@ class KVService:
             "transfers_completed": self.completed,
             "bytes_delivered": self.bytes_delivered,
             "http_staging": self.staging.status(),
+            "page_cache_budget": self.executor.budget.status(),
             "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
         }

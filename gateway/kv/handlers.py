@@ -32,6 +32,7 @@ from protocol.kv_http import (
     HEADER_MODE,
     HEADER_PAYLOAD_BYTES,
     HEADER_RDMA_TAG,
+    HEADER_SOFT_PIN_TTL,
     MAX_JSON_BODY,
     LookupReply,
     PutReply,
@@ -68,10 +69,23 @@ async def kv_lookup(req: S3Request) -> web.Response:
     return json_response(LookupReply.from_json(reply).to_json())
 
 
+def _soft_pin_ttl(value: str) -> float:
+    try:
+        ttl = float(value)
+    except ValueError:
+        ttl = -1.0
+    if not 0 < ttl < float("inf"):
+        raise S3Error(ErrorCode.InvalidArgument, f"{HEADER_SOFT_PIN_TTL} must be a positive number of seconds, not {value!r}",
+                      extra={"ArgumentName": HEADER_SOFT_PIN_TTL, "ArgumentValue": value})
+    return ttl
+
+
 async def kv_put(req: S3Request) -> web.Response:
     await req.owned_bucket()
     body = await req.body_bytes(req.config.kv_max_put_bytes)
-    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket)
+    ttl = req.http.headers.get(HEADER_SOFT_PIN_TTL)
+    pin = {} if ttl is None else {"soft_pin_s": _soft_pin_ttl(ttl)}
+    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket, **pin)
     return json_response(PutReply.from_json(reply).to_json())
 
 

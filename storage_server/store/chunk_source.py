@@ -82,8 +82,9 @@ class ChunkSource(abc.ABC):
         """How many leading ``keys`` are stored (NoSuchBucket if the bucket is missing)."""
 
     @abc.abstractmethod
-    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
-        """Store immutable chunks durably (an identical re-put is a no-op, different bytes are refused); their ETags."""
+    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str, soft_pin_s: float = 0.0) -> list[str]:
+        """Store immutable chunks durably (an identical re-put is a no-op, different bytes are refused); their ETags.
+        ``soft_pin_s`` > 0: also keep them cached that long (``cache.soft_pin_*``; refused beyond the tenant's bound)."""
 
     @abc.abstractmethod
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:

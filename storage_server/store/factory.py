@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from protocol.config import Config, ConfigError
 
+from .cache.soft_pins import SoftPinLimits
 from .cache.tenants import TenantQuotas
 from .chunk_source import ChunkSource
 from .object_store import ObjectStore
@@ -38,7 +39,8 @@ def _local_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     # Chunk files kept open between transfers, bounded by half the process's file limit.
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
     return LocalDiskChunkSource(store, min(config.storage_server.open_files, limit), config.cache.max_bytes,
-                                config.cache.policy, TenantQuotas.from_config(config))
+                                config.cache.policy, TenantQuotas.from_config(config),
+                                SoftPinLimits(config.cache.soft_pin_tenant_max_bytes, config.cache.soft_pin_max_ttl_s))
 
 
 def _s3_store(config: Config) -> ObjectStore:

@@ -93,6 +93,9 @@ class Transport(abc.ABC):
     tag: int = 0
     # Piece buffers are the client's own memory (not staging), so cold chunks may be read straight into them.
     reads_into_destination: bool = False
+    # Piece buffers are staging memory allocated page-aligned, so cold chunks may be read into them with O_DIRECT too
+    # (a whole layer per piece, one layer at a time through the rotating buffers).
+    aligned_staging: bool = False
 
     def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         self.frames = frames

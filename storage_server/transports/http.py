@@ -9,6 +9,8 @@ never depends on how large a layer is.
 
 from __future__ import annotations
 
+import mmap
+
 from protocol.wire import FrameType, pack_frame
 
 from ..plan import Staging
@@ -21,11 +23,12 @@ MAX_PIECE_BYTES = 8 << 20
 class HttpTransport(Transport):
     name = "http"
     buffers_in_rotation = 2
+    aligned_staging = True
     staging = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=MAX_PIECE_BYTES)
 
     def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)
-        self._buffers: list[bytearray] = []
+        self._buffers: list[mmap.mmap] = []  # page-aligned: O_DIRECT reads land in them
         self._turn = 0
         self._payload: memoryview | None = None
 
@@ -39,9 +42,9 @@ class HttpTransport(Transport):
         slot = self._turn % self.buffers_in_rotation
         self._turn += 1
         if slot == len(self._buffers):
-            self._buffers.append(bytearray(nbytes))
+            self._buffers.append(mmap.mmap(-1, max(1, nbytes)))
         elif len(self._buffers[slot]) < nbytes:
-            self._buffers[slot] = bytearray(nbytes)
+            self._buffers[slot] = mmap.mmap(-1, nbytes)
         return memoryview(self._buffers[slot])[:nbytes]
 
     def payload_buffer(self) -> memoryview:

@@ -33,7 +33,7 @@ def test_the_report_on_the_bundled_sample_has_every_policy_beside_belady(tmp_pat
     result = run_evict(tmp_path)
     assert result["default_policy"] == "prefix"
     got = ratios(result, "mooncake_synthetic_trace_sample.jsonl")
-    assert set(got) == {(p, f) for p in ("lru", "prefix", "belady") for f in FRACTIONS}
+    assert set(got) == {(p, f) for p in ("lru", "prefix", "reuse", "belady") for f in FRACTIONS}
     for f in FRACTIONS:
         assert got[("belady", f)] >= got[("prefix", f)] >= got[("lru", f)] > 0
     assert all(r["bytes_fetched"] > 0 for r in result["rows"])

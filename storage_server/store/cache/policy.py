@@ -16,6 +16,7 @@ from protocol.config import CACHE_POLICIES, CacheConfig
 
 from .lru import LruPolicy
 from .prefix_tree import PrefixTreePolicy
+from .reuse import ReusePolicy
 
 POLICIES = CACHE_POLICIES
 DEFAULT_POLICY = CacheConfig().policy
@@ -47,4 +48,6 @@ def make_policy(name: str) -> EvictionPolicy:
         return LruPolicy()
     if name == "prefix":
         return PrefixTreePolicy()
+    if name == "reuse":
+        return ReusePolicy()
     raise ValueError(f"cache.policy: unknown policy {name!r} (supported: {', '.join(POLICIES)})")

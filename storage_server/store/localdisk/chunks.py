@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
 from ..cache.policy import make_policy
+from ..cache.soft_pins import SoftPinLimits, SoftPinRefused, SoftPins
 from ..cache.tenants import TenantLedger, TenantQuotas
 from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
@@ -50,13 +52,15 @@ def _version(name: str) -> tuple[str, str, str]:
 
 class LocalDiskChunkSource(ChunkSource):
     def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int, policy: str = "prefix",
-                 quotas: TenantQuotas | None = None) -> None:
+                 quotas: TenantQuotas | None = None, soft_pins: SoftPinLimits | None = None) -> None:
         self.store = store
         # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
         self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
         self.policy = make_policy(policy)
         self.ledger = TenantLedger(quotas or TenantQuotas(max_bytes))
+        self.soft = SoftPins(soft_pins or SoftPinLimits())
+        self._soft_names: dict[str, str] = {}  # soft-pinned "bucket\0key" -> the policy name of the version it pins
         for bucket, key, path, size, owner in store.index.chunk_objects():
             self.policy.add(_name(bucket, key, path), size, None, owner)
             self.ledger.seen(owner)
@@ -77,17 +81,47 @@ class LocalDiskChunkSource(ChunkSource):
         found = await self._locate(bucket, keys)
         return next((i for i, loc in enumerate(found) if loc is None), len(found))
 
-    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
+    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str, soft_pin_s: float = 0.0) -> list[str]:
+        if soft_pin_s:
+            try:
+                self.soft.check(owner, [(f"{bucket}\0{key}", data.nbytes) for key, data in items], soft_pin_s)
+            except SoftPinRefused as e:
+                raise S3Error(ErrorCode.InvalidRequest, str(e)) from None
         metas = await self.store.put_many(bucket, [(key, data, CHUNK_SPEC) for key, data in items], owner)
         self.policy.add_chain([(_name(bucket, m.key, m.locator), m.size) for m in metas], None, owner)
         for m in metas:
             self.ledger.stored(owner, f"{bucket}\0{m.key}", m.size)
+        if soft_pin_s:
+            self._soft_pin(bucket, metas, owner, soft_pin_s)
         await self._trim()
         return [m.etag for m in metas]
+
+    def _soft_pin(self, bucket: str, metas: list, owner: str, ttl_s: float) -> None:
+        """Hold the stored versions in the policy (one pin each) until the TTL ends; a re-put moves the pin to its new version."""
+        logical = [(f"{bucket}\0{m.key}", m.size) for m in metas]
+        try:
+            self.soft.mark(owner, logical, ttl_s, time.monotonic())
+        except SoftPinRefused as e:  # a concurrent put took the bound since the check
+            raise S3Error(ErrorCode.InvalidRequest, f"chunks stored but not soft-pinned: {e}") from None
+        for (lkey, _), m in zip(logical, metas):
+            name = _name(bucket, m.key, m.locator)
+            old = self._soft_names.get(lkey)
+            if old != name:
+                self.policy.pin([name])
+                if old is not None:
+                    self.policy.unpin([old])
+                self._soft_names[lkey] = name
+
+    def _expire_soft_pins(self) -> None:
+        for lkey in self.soft.expired(time.monotonic()):
+            name = self._soft_names.pop(lkey, None)
+            if name is not None:
+                self.policy.unpin([name])
 
     async def _trim(self) -> None:
         """Delete unpinned chunks the policy picks: a tenant's own beyond its bound, then any until within ``max_bytes``
         (or only pinned ones are left)."""
+        self._expire_soft_pins()
         chosen: list[str] = []
         for tenant in self.ledger.tenants():
             over = self.ledger.over(tenant, self.policy.tenant_used(tenant))
@@ -158,6 +192,7 @@ class LocalDiskChunkSource(ChunkSource):
         return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
                 "chunk_bytes": {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy),
                                 "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted},
+                "soft_pinned_bytes": self.soft.status(),
                 "cache_tenants": self.tenant_status()}
 
     def tenant_status(self) -> dict[str, dict[str, int]]:

@@ -142,7 +142,9 @@ class S3ChunkSource(ChunkSource):
         return lo
 
     # -- put -------------------------------------------------------------------
-    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str) -> list[str]:
+    async def put_chunks(self, bucket: str, items: list[tuple[str, memoryview]], owner: str, soft_pin_s: float = 0.0) -> list[str]:
+        if soft_pin_s:
+            raise S3Error(ErrorCode.NotImplemented, "soft pins (x-oc-soft-pin-ttl) are not yet supported on the s3 backend")
         cids = await self._ids(bucket, [k for k, _ in items])
         gate = asyncio.Semaphore(self.concurrency)
 
