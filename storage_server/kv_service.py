@@ -291,11 +291,11 @@ class KVService:
                              staging_budget=self.staging.per_tenant, pool_enabled=False,
                              default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
         info = TransferInfo(request_id, tenant, bucket, d, plan)
-        accepted = False
+        accepted, setup_s = False, 0.0
 
         def accept() -> None:
-            nonlocal accepted
-            accepted = True
+            nonlocal accepted, setup_s
+            accepted, setup_s = True, time.perf_counter() - arrived  # the lookup and the choice of writers
             call.writer.write(encode_reply(KVGetAccepted("layerwise", d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
 
@@ -304,7 +304,7 @@ class KVService:
             stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept))
             if stats is None:
                 return False
-            stats.request_id, stats.setup_s = request_id, stats.setup_s or (time.perf_counter() - arrived)
+            stats.request_id, stats.setup_s = request_id, setup_s
             await frames.end(stats.to_json())
             self.completed += 1
             self.bytes_delivered += d.payload_bytes

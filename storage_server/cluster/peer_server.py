@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from awscrt import checksums as crt
 
 from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
-from protocol.cluster_write import LAYER_DONE, RegionGrant, WritePart, check_inside
+from protocol.cluster_write import LAYER_DONE, RegionGrant, WritePart, agent_digest, check_inside
 from protocol.config import ClusterConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op, encode_reply
@@ -85,6 +86,7 @@ class PeerServer:
                  engine: Callable[[], NixlEngine] | None = None) -> None:
         self.cfg, self.chunks, self.data = cfg, chunks, data
         self.engine = engine  # this node's NIXL agent (peer -> engine over rdma), created on first use
+        self.agents = EngineAgents()
         self.key = cfg.key.encode()
         self.verifier = CallVerifier(self.key)
         self.pace = Pace(cfg.serve_max_bytes_per_s)
@@ -225,7 +227,7 @@ class PeerServer:
             if any(size != d.chunk_object_bytes for size in pinned.sizes):
                 raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} holds chunks of another size")
             engine = self.engine()
-            link = NixlLink(engine, engine.add_client(metadata, grant.tenant), region.addr, region.size, region.device)
+            link = NixlLink(engine, self.agents.name(engine, metadata, grant.tenant), region.addr, region.size, region.device)
             call.writer.write(encode_reply(PeerFetchAccepted(self.cfg.node_id).to_json()))
             share = part.chunks * d.per_layer_chunk_bytes
 
@@ -261,6 +263,29 @@ class PeerServer:
         return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused, "tickets": s.tickets,
                 "direct_bytes": s.direct_bytes, "direct_layers": s.direct_layers, "fenced": s.fenced,
                 "writes_ended": s.writes_ended}
+
+
+class EngineAgents:
+    """Engines' NIXL agents this node wrote into recently, kept known (one link each) so the next kv-get of the same
+    engine does not load its metadata and connect again: at most ``keep`` agents, LRU."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._names: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (tenant, metadata digest) -> agent name
+
+    def name(self, engine: NixlEngine, metadata: bytes, tenant: str) -> bytes:
+        """The agent's name with one more link held for the caller (each call is matched by one ``engine.forget``)."""
+        key = (tenant, agent_digest(metadata))
+        name = self._names.get(key)
+        if name is not None and engine.reuse(name, tenant):
+            self._names.move_to_end(key)
+            return name
+        name = engine.add_client(metadata, tenant)
+        if engine.reuse(name, tenant):  # the link this cache holds
+            self._names[key] = name
+            while len(self._names) > self.keep:
+                engine.forget(self._names.popitem(last=False)[1])
+        return name
 
 
 class _EndWatch:

@@ -81,6 +81,14 @@ class NixlEngine:
         known.links += 1
         return name
 
+    def reuse(self, name: bytes, tenant: str) -> bool:
+        """One more region link of an agent still known for ``tenant`` (no new connection); False if it is not."""
+        known = self.known.get(name)
+        if known is None or known.tenant != tenant:
+            return False
+        known.links += 1
+        return True
+
     async def verify(self, name: bytes, addr: int, device: int, proof: bytes) -> None:
         """READ ``len(proof)`` bytes at ``addr`` through agent ``name`` and compare: metadata whose connection leads
         anywhere but to the registering client's memory (a rewritten port, another process) is refused here,
