@@ -287,14 +287,14 @@ class KVService:
         """The kv-get served through other nodes, if the delegate takes it (False: serve it here)."""
         assert self.delegate is not None
         tenant, bucket, request_id = call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", ""))
-        plan = plan_transfer(d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
-                             staging_budget=self.staging.per_tenant, pool_enabled=False,
-                             default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
-        info = TransferInfo(request_id, tenant, bucket, d, plan)
-        accepted, setup_s = False, 0.0
+        accepted, setup_s, info = False, 0.0, None
 
         def accept() -> None:
-            nonlocal accepted, setup_s
+            nonlocal accepted, setup_s, info
+            plan = plan_transfer(d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
+                                 staging_budget=self.staging.per_tenant, pool_enabled=False,
+                                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
+            info = TransferInfo(request_id, tenant, bucket, d, plan)
             accepted, setup_s = True, time.perf_counter() - arrived  # the lookup and the choice of writers
             call.writer.write(encode_reply(KVGetAccepted("layerwise", d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
@@ -321,7 +321,7 @@ class KVService:
                 raise
             log.exception("delegated transfer %s failed", request_id)
             await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
-        if accepted:
+        if info is not None:
             self._ended(info, outcome, stats)
         return True
 
