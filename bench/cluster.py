@@ -14,8 +14,8 @@ island node (no cluster) over the same upstream, one tenant:
 * **oracle** (``bench/cluster_oracle.py``) — a replayed trace over three fresh nodes with paced peer links, three
   times (``cluster.path_choice`` scheduler, peer-first, upstream): ``oracle_first_layer_error_p50`` and
   ``path_regret_p50``.
-* **saturated** (A's link capped and saturated by a background tenant, B idle): not measured yet —
-  ``saturated_speedup`` is null (the peer → engine path and link caps do not exist yet).
+* **saturated** (A's link capped and saturated by a background tenant, B idle and warm): A's kv-gets with the
+  second path (peer -> engine) vs without, :mod:`.cluster_saturated`; ``saturated_speedup``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
 from . import cluster_oracle, upstreams
+from .cluster_saturated import report_lines, saturated
 from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, start_server
 
 
@@ -145,7 +146,8 @@ async def one_upstream(name: str, args: argparse.Namespace, layout: KVLayout, co
         payload = layout.payload_bytes(n)
         return {"context": context, "chunks": n, "payload_bytes": payload,
                 "paths": {p: {"ms": v["s"] * 1e3, "gb_per_s": payload / v["s"] / 1e9, "chunk_paths": v["paths"]} for p, v in best.items()},
-                "peer_vs_upstream": best["upstream"]["s"] / best["peer"]["s"], "failover": failover}
+                "peer_vs_upstream": best["upstream"]["s"] / best["peer"]["s"], "failover": failover,
+                "saturated": await saturated(up, layout, context, args.repeats)}
     finally:
         for node in nodes.values():
             node.stop()
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> dict:
               "chunk_bytes": layout.chunk_bytes, "transport": args.transport, "skipped": skipped, "upstreams": results,
               "peer_vs_upstream": headline["peer_vs_upstream"] if headline else None,
               "failover_added_s": headline["failover"]["added_s"] if headline else None,
-              "saturated_speedup": None, "not_measured": ["saturated (needs per-node link caps and the peer -> engine path)"]}
+              "saturated_speedup": headline["saturated"]["speedup"] if headline else None}
     result |= {"oracle_first_layer_error_p50": oracle["oracle_first_layer_error_p50"] if oracle else None,
                "path_regret_p50": oracle["path_regret_p50"] if oracle else None, "oracle": oracle}
     report(result)
@@ -211,7 +213,7 @@ def report(result: dict) -> None:
                      "yes" if r["failover"]["killed_mid_transfer"] else "no (B finished or never served)"])
     print_table(["upstream", "chunks", "MB", "peer → A (ms)", "upstream → A (ms)", "peer vs upstream", "failover added (ms)",
                  "killed mid-transfer"], rows)
-    print("\nsaturated-link case: not measured yet")
+    print("\nsaturated link (case a):\n" + "\n".join(report_lines(result)))
 
 
 def add_parser(sub) -> None:

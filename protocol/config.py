@@ -457,13 +457,20 @@ class ClusterConfig(Section):
     cold_split_peers: int = 0
     # Peer -> engine: an http kv-get (asked for the direct data path) whose chunks this node lacks and one peer
     # holds whole is answered with a ticket for that peer's data endpoint (storage_server.data_listen there), so
-    # the client streams it from the peer; the chunks do not enter this node's cache. false: through this node.
+    # the client streams it from the peer; an rdma kv-get (NIXL engine) is written by that peer straight into the
+    # engine's registered memory (peer-write). The chunks do not enter this node's cache. false: through this node.
     direct_from_peers: bool = False
     # How a kv-get's chunks missing here are fetched: "scheduler" (the path scheduler picks the path or split
     # that minimises the predicted TTFT), "peer-first" (no choice: the peer holding the longest warm run, then
     # the upstream through this node; the baseline bench cluster compares with), "upstream" (peers are never
     # asked for a kv-get's chunks; kv-estimate and serving peers still work).
     path_choice: str = "scheduler"
+    # Peer -> engine over rdma: a kv-get is cut by chunk ranges into this many + 1 parts written at once by as many
+    # nodes (this node among them when it holds the prefix itself; peers that hold it whole). 0: one writer.
+    direct_split_peers: int = 0
+    # A failed peer-write's remaining layers are taken over once the peer confirmed its writes stopped (it closes),
+    # or after this long without an answer (a stalled peer then finds the fence before its next write step).
+    fence_timeout_s: float = 5.0
     # The delivery-time oracle (kv-estimate, and each kv-get's prediction): configured bandwidth (Gbit/s) and one-way
     # latency (microseconds) per tier of the static tier map, from the topology labels above (NetKV's tier map).
     same_host_gbps: float = 200.0
@@ -514,6 +521,8 @@ class ClusterConfig(Section):
         self.require(self.grant_ttl_s > 0, "grant_ttl_s", "must be > 0")
         self.require(self.cold_split_peers >= 0, "cold_split_peers", "must be >= 0 (0 = no split)")
         self.require(self.path_choice in PATH_CHOICES, "path_choice", f"must be one of {', '.join(PATH_CHOICES)}")
+        self.require(self.direct_split_peers >= 0, "direct_split_peers", "must be >= 0 (0 = one writer)")
+        self.require(self.fence_timeout_s > 0, "fence_timeout_s", "must be > 0")
         self.require(self.serve_max_bytes_per_s >= 0, "serve_max_bytes_per_s", "must be >= 0 (0 = unlimited)")
         for tier in ("same_host", "same_rack", "same_zone", "cross_zone"):
             self.require(0 < getattr(self, f"{tier}_gbps") < math.inf, f"{tier}_gbps", "must be > 0 and finite")

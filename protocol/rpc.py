@@ -35,6 +35,7 @@ class Op(StrEnum):
     PEER_LOOKUP = "peer-lookup"
     PEER_FETCH = "peer-fetch"
     PEER_TICKET = "peer-ticket"
+    PEER_WRITE = "peer-write"  # peer -> engine over rdma (protocol.cluster_write)
 
 
 @dataclass(frozen=True)

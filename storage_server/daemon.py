@@ -68,7 +68,7 @@ class StorageServer:
         self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
-        self.cluster = _cluster_node(config, chunks, self.data)
+        self.cluster = _cluster_node(config, chunks, self.data, self.kv)
         self.estimator = None
         if self.cluster is not None:
             from .cluster.estimator import Estimator
@@ -171,7 +171,7 @@ class StorageServer:
         await self.store.close()
 
 
-def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint) -> "ClusterNode | None":
+def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint, kv: KVService) -> "ClusterNode | None":
     """The cluster membership of this node when ``cluster.node_id`` is set (the config refuses it without the s3 backend)."""
     if not config.cluster.enabled:
         return None
@@ -179,7 +179,7 @@ def _cluster_node(config: Config, chunks: ChunkSource, data: DataEndpoint) -> "C
     from .store.s3.chunks import S3ChunkSource
 
     assert isinstance(chunks, S3ChunkSource)
-    return ClusterNode(config, chunks, data)
+    return ClusterNode(config, chunks, data, kv)
 
 
 async def _no_estimate(call: RpcCall) -> Reply:

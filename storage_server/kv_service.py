@@ -115,6 +115,15 @@ class Pacers:
             p.after_layer()
 
 
+class Delegate(Protocol):
+    """Serves a kv-get through other nodes (the cluster's peer -> engine rdma path), or declines (None)."""
+
+    async def delegate(self, tenant: str, bucket: str, request_id: str, d: Descriptor, transport: Transport,
+                       accept: Callable[[], None]) -> TransferStats | None:
+        """The kv-get's END statistics once delivered through other nodes (having called ``accept`` first),
+        or None, before accepting, to serve it here."""
+
+
 class KVService:
     def __init__(self, config: Config, chunks: ChunkSource, pacers: Sequence[PacerFactory] = (),
                  open_verbs: VerbsOpener = open_pyverbs) -> None:
@@ -142,6 +151,7 @@ class KVService:
         self._tasks: dict[int, asyncio.Task] = {}  # what runs each active transfer, to stop it at shutdown
         self.observers: list[TransferObserver] = [log_transfer]
         self.forecaster: Forecaster | None = None
+        self.delegate: Delegate | None = None
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -184,19 +194,18 @@ class KVService:
                 self._verbs = VerbsEngine(self._open_verbs(self.config.storage_server.rdma_device), self.config.storage_server.rdma_timeout_s)
             link, server_end = self._verbs.connect(r.verbs, r.addr, r.size)
         else:
-            if self._nixl is None:
-                self._nixl = NixlEngine(timeout_s=self.config.storage_server.rdma_timeout_s)
             try:
                 metadata = base64.b64decode(r.agent, validate=True)
             except ValueError:
                 raise S3Error(ErrorCode.InvalidArgument, "agent is not base64", extra={"ArgumentName": "agent"}) from None
-            name = self._nixl.add_client(metadata, call.field("tenant"))
+            nixl = self.nixl_engine()
+            name = nixl.add_client(metadata, call.field("tenant"))
             try:
-                await self._nixl.verify(name, r.addr, r.device, hex_field("proof", r.proof, proof_bytes(r.size)))
+                await nixl.verify(name, r.addr, r.device, hex_field("proof", r.proof, proof_bytes(r.size)))
             except BaseException:
-                self._nixl.forget(name)
+                nixl.forget(name)
                 raise
-            link = NixlLink(self._nixl, name, r.addr, r.size, r.device)
+            link = NixlLink(nixl, name, r.addr, r.size, r.device, metadata)
         tenant = call.field("tenant")
         try:
             region = self.regions.admit(lambda rid, token: RemoteRegion(rid, token, tenant, r.size, link=link, addr=r.addr), tenant)
@@ -204,6 +213,12 @@ class KVService:
             link.close()
             raise
         return RegisterReply(region.region_id.hex(), region.token.hex(), region.size, server_end).to_json()
+
+    def nixl_engine(self) -> NixlEngine:
+        """This server's NIXL agent (created on first use: a client's registration, or a peer's write for one)."""
+        if self._nixl is None:
+            self._nixl = NixlEngine(timeout_s=self.config.storage_server.rdma_timeout_s)
+        return self._nixl
 
     async def unregister(self, call: RpcCall) -> Reply:
         r = UnregisterRequest.from_json(_without(call.request.fields, "tenant"))
@@ -229,6 +244,8 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:
+            if self.delegate is not None and await self._delegated(call, d, transport, frames, slot, arrived):
+                return None
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
             headers = await asyncio.get_running_loop().run_in_executor(
@@ -275,6 +292,48 @@ class KVService:
             if pinned is not None:
                 pinned.release()
             transport.close()
+
+    async def _delegated(self, call: RpcCall, d: Descriptor, transport: Transport, frames: FrameSink, slot: int, arrived: float) -> bool:
+        """The kv-get served through other nodes, if the delegate takes it (False: serve it here)."""
+        assert self.delegate is not None
+        tenant, bucket, request_id = call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", ""))
+        accepted, setup_s, info = False, 0.0, None
+
+        def accept() -> None:
+            nonlocal accepted, setup_s, info
+            plan = plan_transfer(d, theta_bytes=self.config.storage_server.theta_bytes, staging=transport_class(d.target.transport).staging,
+                                 staging_budget=self.staging.per_tenant, pool_enabled=False,
+                                 default_compute_per_layer_s=self.config.bandwidth.default_compute_per_layer_s)
+            info = TransferInfo(request_id, tenant, bucket, d, plan)
+            accepted, setup_s = True, time.perf_counter() - arrived  # the lookup and the choice of writers
+            call.writer.write(encode_reply(KVGetAccepted("layerwise", d.payload_bytes, d.num_layers, transport.tag).to_json()))
+            self.active[slot] = info
+
+        outcome, stats = "failed", None
+        try:
+            stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept))
+            if stats is None:
+                return False
+            stats.request_id, stats.setup_s = request_id, setup_s
+            await frames.end(stats.to_json())
+            self.completed += 1
+            self.bytes_delivered += d.payload_bytes
+            outcome = "ok"
+        except S3Error as e:
+            if not accepted:
+                raise
+            outcome = "error"
+            await frames.error(e.to_dict())
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+            outcome = "client_gone"
+        except Exception as e:
+            if not accepted:
+                raise
+            log.exception("delegated transfer %s failed", request_id)
+            await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+        if info is not None:
+            self._ended(info, outcome, stats)
+        return True
 
     def _forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast | None:
         """The oracle's prediction for this kv-get; a failing forecaster costs the metric, never the kv-get."""

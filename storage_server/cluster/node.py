@@ -14,7 +14,9 @@ from protocol.cluster import NodeInfo
 from protocol.config import Config
 
 from ..data_endpoint import DataEndpoint
+from ..kv_service import KVService
 from ..store.s3.chunks import S3ChunkSource
+from .direct_rdma import DirectRdma
 from .fetcher import PeerFetcher
 from .membership import Membership
 from .peer_server import PeerServer
@@ -23,14 +25,16 @@ log = logging.getLogger("objectcache.cluster")
 
 
 class ClusterNode:
-    def __init__(self, config: Config, chunks: S3ChunkSource, data: DataEndpoint | None = None) -> None:
+    def __init__(self, config: Config, chunks: S3ChunkSource, data: DataEndpoint | None = None, kv: KVService | None = None) -> None:
         self.cfg = config.cluster
         self.chunks = chunks
         self.data = data
-        self.server = PeerServer(self.cfg, chunks, data)
+        self.kv = kv
+        self.server = PeerServer(self.cfg, chunks, data, kv.nixl_engine if kv is not None else None)
         self.me: NodeInfo | None = None
         self.members: Membership | None = None
         self.fetcher: PeerFetcher | None = None
+        self.direct: DirectRdma | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._beats: asyncio.Task | None = None
 
@@ -49,6 +53,9 @@ class ClusterNode:
         self.chunks.second = self.fetcher
         if self.data is not None:
             self.data.elsewhere = self.fetcher.direct_grant
+        if self.kv is not None:
+            self.direct = DirectRdma(cfg, self.me, self.members, self.chunks, self.fetcher)
+            self.kv.delegate = self.direct
         log.info("cluster: node %s serving peers on %s", cfg.node_id, address)
 
     def status(self) -> dict[str, object]:
@@ -58,12 +65,15 @@ class ClusterNode:
             "live_peers": [n.node_id for n in self.members.live()] if self.members else [],
             "served": self.server.status(),
             **(self.fetcher.status() if self.fetcher else {}),
+            **(self.direct.status() if self.direct else {}),
         }}
 
     async def close(self) -> None:
         self.chunks.second = None
         if self.data is not None:
             self.data.elsewhere = None
+        if self.kv is not None:
+            self.kv.delegate = None
         if self._beats is not None:
             self._beats.cancel()
         if self._listener is not None:

@@ -16,6 +16,7 @@ from awscrt import checksums as crt
 
 from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import sign_call
+from protocol.cluster_write import LAYER_DONE, WritePart
 from protocol.data_ticket import DirectGrant
 from protocol.errors import S3Error
 from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
@@ -41,6 +42,38 @@ class PeerCall:
 
     def fields(self) -> dict[str, object]:
         return {"bucket": self.bucket, "bucket_id": self.bucket_id, "grant": self.grant}
+
+
+class PeerWrite:
+    """A peer's part of a kv-get being written into the engine's memory (peer-write): its layer reports, and the fence."""
+
+    def __init__(self, peer: NodeInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float) -> None:
+        self.peer, self.reader, self.writer, self.timeout_s = peer, reader, writer, timeout_s
+
+    async def next_layer(self) -> tuple[int, int]:
+        """The next (layer, CRC32C of the part's share) the peer reports landed; PeerFault when it stops, breaks or stalls."""
+        try:
+            layer, crc = LAYER_DONE.unpack(await asyncio.wait_for(self.reader.readexactly(LAYER_DONE.size), self.timeout_s))
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+            raise PeerFault(f"{self.peer.node_id} stopped writing ({type(e).__name__})") from None
+        return layer, crc
+
+    async def fence(self, timeout_s: float) -> bool:
+        """Tell the peer to stop (end of stream) and wait until it closes, which it does once its writes have stopped
+        (or its process is gone); False when it did not within ``timeout_s`` (stalled or cut off)."""
+        try:
+            if self.writer.can_write_eof() and not self.writer.is_closing():
+                self.writer.write_eof()
+            async with asyncio.timeout(timeout_s):
+                while await self.reader.read(1 << 16):
+                    pass
+            return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True  # reset: the peer's end is gone
+        finally:
+            self.writer.close()
 
 
 class PeerClient:
@@ -93,6 +126,17 @@ class PeerClient:
         if not grant.endpoint or not grant.ticket:
             raise PeerFault(f"{peer.node_id} has no data endpoint")
         return grant
+
+    async def write(self, peer: NodeInfo, call: PeerCall, part: WritePart, descriptor: bytes, metadata: bytes, region: str) -> PeerWrite:
+        """Ask ``peer`` to write ``part`` of the kv-get of ``descriptor`` into the engine memory ``region`` grants."""
+        fields = {**call.fields(), **part.to_json(), "descriptor_bytes": len(descriptor), "region": region}
+        reader, writer, reply = await self._open(peer, Op.PEER_WRITE, fields, descriptor + metadata)
+        try:
+            PeerFetchAccepted.from_json(reply)
+        except S3Error as e:
+            writer.close()
+            raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
+        return PeerWrite(peer, reader, writer, self.timeout_s)
 
     async def fetch(self, peer: NodeInfo, call: PeerCall, want: PeerFetchRange, chunk_bytes: int, on_chunk: OnChunk) -> int:
         """Stream ``want`` from ``peer``, checking each chunk, until it has sent all or says it holds no more; how many came.

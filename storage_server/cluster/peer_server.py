@@ -1,7 +1,8 @@
 """The peer listener: what this node does for other nodes of its cluster, and nothing for anyone else.
 
-Three operations (:mod:`protocol.cluster`): lookup, fetch, and a ticket for this node's data endpoint
-(the peer -> engine path), each refused unless the call is signed with the cluster
+Four operations (:mod:`protocol.cluster`, :mod:`protocol.cluster_write`): lookup, fetch, a ticket for this node's data
+endpoint (the peer -> engine path over http) and a write into another node's engine's registered memory (peer -> engine
+over rdma, under a region grant besides the key grant), each refused unless the call is signed with the cluster
 key, fresh and not replayed (:class:`~protocol.cluster_auth.CallVerifier`) and carries a grant for
 exactly its key list (:class:`~protocol.cluster_auth.PeerGrant`). Only this node's chunk cache is
 read (unless the call asks for a fill): a peer that does not hold a chunk says so and the asking node takes
@@ -17,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +28,7 @@ from awscrt import checksums as crt
 
 from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import CallVerifier, PeerGrant, denied
+from protocol.cluster_write import LAYER_DONE, RegionGrant, WritePart, agent_digest, check_inside
 from protocol.config import ClusterConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import Op, encode_reply
@@ -33,6 +37,8 @@ from protocol.wire import decode_descriptor, decode_keys
 from ..data_endpoint import DataEndpoint
 from ..rpc_server import Reply, RpcCall, RpcServer
 from ..store.s3.chunks import S3ChunkSource
+from ..transports.nixl_engine import Fenced, NixlEngine, NixlLink
+from .part_writer import write_part
 
 log = logging.getLogger("objectcache.cluster")
 MAX_KEYS_BODY = 64 << 20
@@ -47,6 +53,10 @@ class Served:
     bytes: int = 0
     refused: int = 0
     tickets: int = 0
+    direct_bytes: int = 0  # written straight into another node's engine's memory (peer-write)
+    direct_layers: int = 0  # layer shares of those writes reported landed
+    fenced: int = 0  # peer-writes stopped because the asking node took their part over
+    writes_ended: int = 0  # peer-writes over (done, fenced or failed): none of their bytes can land any more
     by_tenant: dict[str, int] = field(default_factory=dict)
 
 
@@ -72,13 +82,17 @@ def _read(path: str) -> bytes:
 
 
 class PeerServer:
-    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource, data: DataEndpoint | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, chunks: S3ChunkSource, data: DataEndpoint | None = None,
+                 engine: Callable[[], NixlEngine] | None = None) -> None:
         self.cfg, self.chunks, self.data = cfg, chunks, data
+        self.engine = engine  # this node's NIXL agent (peer -> engine over rdma), created on first use
+        self.agents = EngineAgents()
         self.key = cfg.key.encode()
         self.verifier = CallVerifier(self.key)
         self.pace = Pace(cfg.serve_max_bytes_per_s)
         self.served = Served()
-        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch, Op.PEER_TICKET: self.ticket}, max_body=MAX_KEYS_BODY,
+        self.rpc = RpcServer({Op.PEER_LOOKUP: self.lookup, Op.PEER_FETCH: self.fetch, Op.PEER_TICKET: self.ticket,
+                              Op.PEER_WRITE: self.write}, max_body=MAX_KEYS_BODY,
                              request_timeout_s=cfg.peer_timeout_s, single_request=True)
 
     def _authorise(self, call: RpcCall, keys_of: Callable[[bytes], list[str]] = decode_keys) -> tuple[PeerGrant, list[str]]:
@@ -177,9 +191,125 @@ class PeerServer:
         self.served.tickets += 1
         return self.data.issue(grant.tenant, grant.bucket, grant.bucket_id, grant.request_id, call.body, via=self.cfg.node_id)
 
+    async def write(self, call: RpcCall) -> Reply:
+        """Peer -> engine over rdma: this node's part of another node's kv-get, written from its cache straight into
+        the engine's registered memory the region grant names, one LAYER_DONE per layer (:mod:`protocol.cluster_write`)."""
+        fields = call.request.fields
+        n = fields.get("descriptor_bytes")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < len(call.body):
+            self.served.refused += 1
+            raise S3Error(ErrorCode.InvalidRequest, "bad peer-write: field 'descriptor_bytes' must say where the descriptor ends",
+                          extra={"ArgumentName": "descriptor_bytes"})
+        metadata = call.body[n:]
+        grant, keys = self._authorise(call, lambda body: decode_descriptor(body[:n], MAX_DESCRIPTOR_KEYS).chunk_keys)
+        try:
+            region = RegionGrant.verify(fields.get("region"), self.key, metadata)
+            if (region.tenant, region.request_id, region.grant_nonce) != (grant.tenant, grant.request_id, grant.nonce):
+                raise denied("its region grant is for another kv-get")
+            d = decode_descriptor(call.body[:n], MAX_DESCRIPTOR_KEYS)
+            part = WritePart.from_json(fields, len(keys), d.num_layers)
+            check_inside(region, part, d.target.offset, d.per_layer_chunk_bytes, len(keys))
+        except S3Error:
+            self.served.refused += 1
+            raise
+        if await self.chunks.store.bucket_id(grant.bucket) != grant.bucket_id:
+            self.served.refused += 1
+            raise denied("the bucket's incarnation is not the one its grant names")
+        if self.engine is None:
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} has no rdma engine")
+        part_keys = keys[part.chunk_lo:part.chunk_hi]
+        if self._warm(grant.bucket_id, part_keys) < len(part_keys):
+            raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} no longer holds every chunk of the part")
+        pinned = await self.chunks.pin(grant.bucket, part_keys)  # no PinFor: never asks peers in turn
+        link = None
+        watch = _EndWatch(call.writer)
+        try:
+            if any(size != d.chunk_object_bytes for size in pinned.sizes):
+                raise S3Error(ErrorCode.ServiceUnavailable, f"node {self.cfg.node_id} holds chunks of another size")
+            engine = self.engine()
+            link = NixlLink(engine, self.agents.name(engine, metadata, grant.tenant), region.addr, region.size, region.device)
+            call.writer.write(encode_reply(PeerFetchAccepted(self.cfg.node_id).to_json()))
+            share = part.chunks * d.per_layer_chunk_bytes
+
+            async def landed(layer: int, crc: int) -> None:
+                call.writer.write(LAYER_DONE.pack(layer, crc))
+                s = self.served
+                s.direct_bytes += share
+                s.direct_layers += 1
+                s.by_tenant[grant.tenant] = s.by_tenant.get(grant.tenant, 0) + share
+                await call.writer.drain()
+
+            try:
+                await write_part(link, pinned, 0, part, d.target.offset, d.per_layer_chunk_bytes, len(keys), landed,
+                                 watch.ended, self.pace.take)
+            except Fenced:
+                self.served.fenced += 1
+                log.info("cluster: peer-write for %s fenced (its part was taken over)", grant.issuer)
+            except (OSError, S3Error) as e:
+                log.warning("cluster: peer-write for %s stopped: %s", grant.issuer, getattr(e, "message", e))
+        finally:
+            watch.close()
+            if link is not None:
+                link.close()
+            pinned.release()
+            self.served.writes_ended += 1
+        return None
+
     async def listen(self, address: str) -> asyncio.AbstractServer:
         return await self.rpc.listen("", address)
 
     def status(self) -> dict[str, object]:
         s = self.served
-        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused, "tickets": s.tickets}
+        return {"lookups": s.lookups, "chunks": s.chunks, "bytes": s.bytes, "refused": s.refused, "tickets": s.tickets,
+                "direct_bytes": s.direct_bytes, "direct_layers": s.direct_layers, "fenced": s.fenced,
+                "writes_ended": s.writes_ended}
+
+
+class EngineAgents:
+    """Engines' NIXL agents this node wrote into recently, kept known (one link each) so the next kv-get of the same
+    engine does not load its metadata and connect again: at most ``keep`` agents, LRU."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._names: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (tenant, metadata digest) -> agent name
+
+    def name(self, engine: NixlEngine, metadata: bytes, tenant: str) -> bytes:
+        """The agent's name with one more link held for the caller (each call is matched by one ``engine.forget``)."""
+        key = (tenant, agent_digest(metadata))
+        name = self._names.get(key)
+        if name is not None and engine.reuse(name, tenant):
+            self._names.move_to_end(key)
+            return name
+        name = engine.add_client(metadata, tenant)
+        if engine.reuse(name, tenant):  # the link this cache holds
+            self._names[key] = name
+            while len(self._names) > self.keep:
+                engine.forget(self._names.popitem(last=False)[1])
+        return name
+
+
+class _EndWatch:
+    """Whether the asking node has ended the connection (its fence): a non-blocking peek at the socket itself, so the
+    answer is current when asked (not when the event loop gets round to reading)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        raw = writer.get_extra_info("socket")
+        self._sock = socket.socket(fileno=os.dup(raw.fileno())) if raw is not None else None
+        self._ended = self._sock is None
+
+    def ended(self) -> bool:
+        if not self._ended:
+            assert self._sock is not None
+            try:
+                self._ended = True  # end of stream, or anything the asking node sends: both mean stop
+                self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                self._ended = False
+            except OSError:
+                pass
+        return self._ended
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -17,6 +17,7 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,10 @@ def nixl_available() -> tuple[bool, str]:
     except ImportError as e:
         return False, f"nixl is not installed ({e}); pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1"
     return True, ""
+
+
+class Fenced(Exception):
+    """The write's owner took it back (another path writes these bytes now): cancelled before it could progress."""
 
 
 @dataclass
@@ -76,6 +81,14 @@ class NixlEngine:
         known.links += 1
         return name
 
+    def reuse(self, name: bytes, tenant: str) -> bool:
+        """One more region link of an agent still known for ``tenant`` (no new connection); False if it is not."""
+        known = self.known.get(name)
+        if known is None or known.tenant != tenant:
+            return False
+        known.links += 1
+        return True
+
     async def verify(self, name: bytes, addr: int, device: int, proof: bytes) -> None:
         """READ ``len(proof)`` bytes at ``addr`` through agent ``name`` and compare: metadata whose connection leads
         anywhere but to the registering client's memory (a rewritten port, another process) is refused here,
@@ -112,18 +125,23 @@ class NixlEngine:
     def deregister(self, handle: Any) -> None:
         self.agent.deregister_memory(handle)
 
-    async def write(self, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int) -> None:
+    async def write(self, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int,
+                    fenced: Callable[[], bool] | None = None) -> None:
         """WRITE ``nbytes`` from local registered memory to the client's, and wait until it has landed, at most
-        ``timeout_s`` (TimeoutError: the write is cancelled, its link should not be used again)."""
-        await self._xfer("WRITE", local_addr, nbytes, agent, remote_addr, device)
+        ``timeout_s`` (TimeoutError: the write is cancelled, its link should not be used again). ``fenced`` is asked
+        before every step that could make the write progress: once it says so, the write is cancelled (:class:`Fenced`)."""
+        await self._xfer("WRITE", local_addr, nbytes, agent, remote_addr, device, fenced)
 
-    async def _xfer(self, op: str, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int) -> None:
+    async def _xfer(self, op: str, local_addr: int, nbytes: int, agent: bytes, remote_addr: int, device: int,
+                    fenced: Callable[[], bool] | None = None) -> None:
         local = self.agent.get_xfer_descs([(local_addr, nbytes, 0)], "DRAM")
         remote = self.agent.get_xfer_descs([(remote_addr, nbytes, device)], "DRAM")
         handle = self.agent.initialize_xfer(op, local, remote, agent, b"")
         deadline = time.monotonic() + self.timeout_s
         state = ""
         try:
+            if fenced is not None and fenced():
+                raise Fenced
             state = self.agent.transfer(handle)
             while state != "DONE":
                 if state == "ERR":
@@ -131,6 +149,8 @@ class NixlEngine:
                 if time.monotonic() > deadline:
                     raise TimeoutError
                 await asyncio.sleep(0 if state == "PROC" else POLL_S)
+                if fenced is not None and fenced():
+                    raise Fenced
                 state = self.agent.check_xfer_state(handle)
         finally:
             try:
@@ -147,8 +167,9 @@ class NixlLink:
 
     broken = False  # UCX reconnects by itself: a failed write fails only its transfer; a timed-out one breaks the link
 
-    def __init__(self, engine: NixlEngine, agent: bytes, addr: int, size: int, device: int = 0) -> None:
+    def __init__(self, engine: NixlEngine, agent: bytes, addr: int, size: int, device: int = 0, metadata: bytes = b"") -> None:
         self.engine, self.agent, self.addr, self.size, self.device = engine, agent, addr, size, device
+        self.metadata = metadata  # the client agent's, kept so a cluster peer can be granted this region (peer -> engine)
         self._closed = False
 
     def register(self, buf: np.ndarray) -> Any:
@@ -164,12 +185,12 @@ class NixlLink:
         """NIXL names memory by agent and address, which the region holds: no key of the token to compare."""
         return True  # the LAYER frame is the notification: nothing to tag
 
-    async def write(self, local: np.ndarray, handle: Any, offset: int) -> None:
+    async def write(self, local: np.ndarray, handle: Any, offset: int, fenced: Callable[[], bool] | None = None) -> None:
         if offset < 0 or offset + local.nbytes > self.size:
             raise S3Error(ErrorCode.AccessDenied, f"an RDMA write of {local.nbytes} bytes at offset {offset} would leave the "
                           f"{self.size} bytes the tenant registered")
         try:
-            await self.engine.write(local.ctypes.data, local.nbytes, self.agent, self.addr + offset, self.device)
+            await self.engine.write(local.ctypes.data, local.nbytes, self.agent, self.addr + offset, self.device, fenced)
         except TimeoutError:
             self.broken = True  # the next kv-get naming this region is told to register it again
             raise S3Error(ErrorCode.ServiceUnavailable, f"an RDMA write to the client did not complete within "

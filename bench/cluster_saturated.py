@@ -1,0 +1,158 @@
+"""``bench cluster`` case (a): node A's link capped and saturated by a background tenant while B is idle and warm.
+
+DualPath's situation on loopback: node A's delivery to its engines is capped (its bandwidth pool,
+``bandwidth.capacity_gbps``: a cap every kv-get A delivers shares) and kept busy by a background
+tenant fetching its own prefix through A in a loop; the measured tenant's prefixes are warm on
+peer B (idle, uncapped) and cold on A. Two A nodes over the same upstream, identical but for
+``cluster.direct_from_peers``:
+
+* **without the second path** — A fetches the chunks from B's cache and delivers them over its
+  saturated link;
+* **with the second path** — B delivers them straight to the engine (rdma: B writes into the
+  engine's registered memory; http: the client streams from B's data endpoint on a ticket A
+  obtained), and A's link carries none of it.
+
+Reported per variant: TTFT (layer 0 handed to the engine) and throughput (payload over the
+kv-get's time) of the measured tenant's kv-gets, best of ``repeats`` fresh prefixes each;
+``saturated_speedup`` = kv-get time without / with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import numpy as np
+
+from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+
+from . import upstreams
+from .harness import BenchServer, start_server
+
+BACKGROUND_STREAMS = 2  # concurrent background kv-gets keeping A's link saturated
+BG_KEY, BG_SECRET = "BENCHBACKGROUND", "background-tenant-secret-key-0123"
+
+
+def _toml(name: str, key: str, cache_bytes: int, cap_gbps: float, direct: bool) -> str:
+    return (f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 16\n"
+            '[storage_server]\ndata_listen = "127.0.0.1:0"\n'
+            + (f"[bandwidth]\ncapacity_gbps = {cap_gbps}\nmargin_gbps = 0\n" if cap_gbps else "")
+            + f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{upstreams._free_port()}"\nkey = "{key}"\n'
+            'registry_bucket = "oc-bench-saturated"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\nlookup_timeout_s = 1.0\n'
+            f"peer_timeout_s = 5.0\ndirect_from_peers = {'true' if direct else 'false'}\n"
+            f'[[tenants]]\nname = "background"\naccess_key = "{BG_KEY}"\nsecret_key = "{BG_SECRET}"\n')
+
+
+def pick_transport() -> str:
+    """rdma where this process has NIXL (the peer writes into the engine's memory), else http (the peer's data endpoint)."""
+    from client_sdk.rdma import rdma_available
+
+    return "rdma" if rdma_available()[0] else "http"
+
+
+async def _fetch(c: ObjectCacheClient, keys: list[str], layout: KVLayout, transport: str):
+    t0 = time.perf_counter()
+    _, stats = await c.fetch(keys, layout, transport, mode="layerwise", verify=True)
+    return time.perf_counter() - t0, stats
+
+
+async def _put(node: BenchServer, creds: tuple[str, str], bucket: str, keys: list[str], layout: KVLayout, blob: np.ndarray) -> None:
+    async with ObjectCacheClient(node.endpoint, *creds, bucket=bucket) as c:
+        await c.ensure_bucket()
+        await c.put_chunks(keys, [blob] * len(keys), layout)
+
+
+async def _background(node: BenchServer, keys: list[str], layout: KVLayout, transport: str, stop: asyncio.Event) -> int:
+    """The background tenant's kv-gets through ``node``, back to back, until ``stop``; how many completed."""
+    done = 0
+    async with ObjectCacheClient(node.endpoint, BG_KEY, BG_SECRET, bucket="bench-background") as c:
+        while not stop.is_set():
+            await c.fetch(keys, layout, transport, mode="layerwise")
+            done += 1
+    return done
+
+
+async def _variant(a: BenchServer, b: BenchServer, label: str, layout: KVLayout, context: int, repeats: int, transport: str,
+                   rng: np.random.Generator) -> dict:
+    creds = (a.access_key, a.secret_key)
+    n = context // layout.chunk_tokens
+    blob = rng.integers(0, 256, layout.chunk_bytes, dtype=np.uint8)
+    bg_keys = chunk_keys(np.arange(context, dtype=np.uint64) + 3 * 10**9, layout.chunk_tokens, f"background-{label}")
+    await _put(a, (BG_KEY, BG_SECRET), "bench-background", bg_keys, layout, blob)  # warm on A: it loads A's link only
+    warm = chunk_keys(np.arange(layout.chunk_tokens, dtype=np.uint64) + 35 * 10**8, layout.chunk_tokens, f"warmup-{label}")
+    await _put(b, creds, "bench-saturated", warm, layout, blob)
+    # The measured tenant is one engine: one client (its registered memory reused) for all its kv-gets.
+    engine = ObjectCacheClient(a.endpoint, *creds, bucket="bench-saturated")
+    await engine.__aenter__()
+    await _fetch(engine, warm, layout, transport)  # first-request costs (registration, agents, connections) out of the timings
+    stop = asyncio.Event()
+    background = [asyncio.ensure_future(_background(a, bg_keys, layout, transport, stop)) for _ in range(BACKGROUND_STREAMS)]
+    runs = []
+    try:
+        await asyncio.sleep(0.5)  # the background has the link
+        for r in range(repeats):
+            keys = chunk_keys(np.arange(context, dtype=np.uint64) + (20 + r) * 10**8, layout.chunk_tokens, f"saturated-{label}-{r}")
+            await _put(b, creds, "bench-saturated", keys, layout, blob)  # warm on B, cold on A
+            seconds, stats = await _fetch(engine, keys, layout, transport)
+            runs.append({"s": seconds, "ttft_s": stats.first_layer_s, "paths": stats.server.paths, "direct": stats.direct,
+                         "server_setup_s": stats.server.setup_s, "server_first_layer_s": stats.server.first_layer_s,
+                         "server_total_s": stats.server.total_s})
+    finally:
+        stop.set()
+        completed = sum(await asyncio.gather(*background))
+        await engine.__aexit__(None, None, None)
+    best = min(runs, key=lambda x: x["s"])
+    payload = layout.payload_bytes(n)
+    return {"s": best["s"], "ttft_s": best["ttft_s"], "server": {k: best[k] for k in ("server_setup_s", "server_first_layer_s", "server_total_s")}, "gb_per_s": payload / best["s"] / 1e9, "paths": best["paths"],
+            "runs_s": [x["s"] for x in runs], "background_kv_gets": completed}
+
+
+async def saturated(up: upstreams.Upstream, layout: KVLayout, context: int, repeats: int) -> dict:
+    """Case (a) over upstream ``up``: A's link capped so one prefix alone takes ~0.25 s, saturated by the background."""
+    payload = layout.payload_bytes(context // layout.chunk_tokens)
+    cap_gbps = payload * 8 / 0.25 / 1e9
+    cache = 8 * payload * (repeats + 2)
+    key = secrets.token_urlsafe(33)
+    transport = pick_transport()
+    nodes: dict[str, BenchServer] = {}
+    try:
+        nodes["b"] = start_server(_toml("sb", key, cache, 0, False), store_toml=up.store_toml())
+        creds = (nodes["b"].access_key, nodes["b"].secret_key)
+        for name, direct in (("a_with", True), ("a_without", False)):
+            nodes[name] = start_server(_toml(name.replace("_", "-"), key, cache, cap_gbps, direct), credentials=creds,
+                                       store_toml=up.store_toml())
+        for name in ("a_with", "a_without"):
+            _wait_live(nodes[name], {"sb"})
+        rng = np.random.default_rng(5)
+        without = await _variant(nodes["a_without"], nodes["b"], "without", layout, context, repeats, transport, rng)
+        with_ = await _variant(nodes["a_with"], nodes["b"], "with", layout, context, repeats, transport, rng)
+        return {"transport": transport, "cap_gbps": cap_gbps, "background_streams": BACKGROUND_STREAMS, "payload_bytes": payload,
+                "without_second_path": without, "with_second_path": with_, "speedup": without["s"] / with_["s"],
+                "ttft_speedup": (without["ttft_s"] or 0) / (with_["ttft_s"] or 1)}
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+def _wait_live(node: BenchServer, peers: set[str]) -> None:
+    deadline = time.monotonic() + 30
+    while not peers <= set(node.status()["cluster"]["live_peers"]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{sorted(peers)} not live within 30 s")
+        time.sleep(0.1)
+
+
+def report_lines(result: dict) -> list[str]:
+    """The case's lines under the bench table, per upstream."""
+    lines = []
+    for name, r in result["upstreams"].items():
+        s = r.get("saturated")
+        if not s:
+            continue
+        w, o = s["with_second_path"], s["without_second_path"]
+        lines.append(f"{name}: A's link capped at {s['cap_gbps']:.2f} Gbit/s and saturated ({s['background_streams']} background "
+                     f"kv-gets), {s['transport']}: without the second path {o['s'] * 1e3:.0f} ms (TTFT {o['ttft_s'] * 1e3:.0f} ms, "
+                     f"{o['gb_per_s']:.3f} GB/s), with {w['s'] * 1e3:.0f} ms (TTFT {w['ttft_s'] * 1e3:.0f} ms, {w['gb_per_s']:.3f} GB/s): "
+                     f"{s['speedup']:.2f}× (TTFT {s['ttft_speedup']:.2f}×)")
+    return lines
