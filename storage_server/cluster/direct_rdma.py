@@ -40,7 +40,6 @@ from ..transports.rdma import RdmaTransport
 from .fetcher import PeerFetcher, split
 from .membership import Membership
 from .part_writer import write_part
-from .paths import rank_peers
 from .peer_client import PeerCall, PeerFault, PeerWrite
 
 log = logging.getLogger("objectcache.cluster")
@@ -99,7 +98,8 @@ class DirectRdma:
         grant = PeerGrant(tenant, bucket, bucket_id, keys_digest(keys), n, request_id, self.me.node_id,
                           time.time() + self.cfg.grant_ttl_s, secrets.token_hex(8))
         call = PeerCall(bucket, bucket_id, keys, grant.sign(self.key))
-        holders = [c.peer for c in rank_peers(self.me, await self.fetcher._ask(peers, call)) if c.warm == n]
+        answers = (await self.fetcher._ask(peers, call)).values()  # peers holding the whole prefix write, nearest first
+        holders = [p for p, warm in sorted(answers, key=lambda a: (self.me.distance(a[0]), a[0].node_id)) if warm == n]
         writers: list[NodeInfo | None] = [None, *holders[:split_peers]] if local == n else [*holders[:1 + split_peers]]
         if not holders or len(writers) > n:
             return None
