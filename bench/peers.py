@@ -6,6 +6,8 @@ N chunks of G tokens, delivered layer-major (``[layer][chunk][slice]``) into the
 * **memcpy** — the pre-assembled payload copied layer by layer (the ceiling on this host);
 * **ObjectCache-shm / -http / -rdma** — one ``fetch_layers`` (the storage server writes a shared
   region / its data endpoint streams frames / NIXL one-sided writes, where nixl is installed);
+* **ObjectCache-shm-local** — shm through the local fast path (``local_session=True``: one signed
+  session registration, then each kv-get straight to the storage server's session socket);
 * **Mooncake-shm / Mooncake-TCP** — Mooncake Store (``mooncake_master`` + ``mooncake_client`` holding
   the segment): one ``batch_get_into`` per layer, same-host shared memory or the TCP transport;
 * **LMCache-server** — LMCache's ``lm://`` server, one GET per chunk (its unit: all layers);
@@ -175,13 +177,16 @@ class Peers:
             server.stop()
 
 
-async def run_case(c: ObjectCacheClient, peers: Peers, g: int, n: int, scale: int, repeats: int, scratch: np.ndarray) -> dict:
+async def run_case(c: ObjectCacheClient, local: ObjectCacheClient, peers: Peers, g: int, n: int, scale: int, repeats: int,
+                   scratch: np.ndarray) -> dict:
     case = make_case(g, n, scale)
     keys = chunk_keys(np.random.default_rng(g + n).integers(0, 128_000, n * g), g, case.tag)
     await c.put_chunks(keys, list(case.chunks), case.layout)
     runs: dict[str, list[Run]] = {"memcpy": time_sync(case, "memcpy", memcpy_reader(case), scratch, repeats)}
     for transport in ("shm", "http") + (("rdma",) if rdma_available()[0] else ()):
         runs[f"ObjectCache-{transport}"] = await time_objectcache(c, case, keys, transport, repeats)
+        if transport == "shm":
+            runs["ObjectCache-shm-local"] = await time_objectcache(local, case, keys, transport, repeats)
     for loader in peers.loaders:
         loader.load(case)  # type: ignore[attr-defined]
     for name, reader in peers.readers.items():
@@ -208,10 +213,11 @@ async def run_all(args: argparse.Namespace, cases: list[tuple[int, int]]) -> tup
     srv, peers = started
     try:
         rows = []
-        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers") as c:
+        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers") as c, \
+                ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers", local_session=True) as local:
             await c.ensure_bucket()
             for g, n in progress(cases, desc="peers"):
-                rows.append(await run_case(c, peers, g, n, args.scale, args.repeats, scratch))
+                rows.append(await run_case(c, local, peers, g, n, args.scale, args.repeats, scratch))
         return rows, peers.skipped
     finally:
         peers.close()
@@ -251,7 +257,8 @@ def run(args: argparse.Namespace) -> dict:
 def targets(rows: list[dict]) -> dict[str, bool]:
     """The issue's comparisons that this run's peers cover, at every size."""
     met = {}
-    for ours, theirs in (("ObjectCache-shm", "Mooncake-shm"), ("ObjectCache-http", "Mooncake-TCP"), ("ObjectCache-http", "Redis-MGET")):
+    for ours, theirs in (("ObjectCache-shm", "Mooncake-shm"), ("ObjectCache-shm-local", "Mooncake-shm"), ("ObjectCache-http", "Mooncake-TCP"),
+                         ("ObjectCache-http", "Redis-MGET")):
         if all(theirs in r["paths"] for r in rows):
             met[f"{ours} ≥ {theirs} at every size"] = all(r["paths"][ours]["gb_per_s"] >= r["paths"][theirs]["gb_per_s"] for r in rows)
     return met

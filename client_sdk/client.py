@@ -39,6 +39,7 @@ from protocol.estimate import EstimateReply, EstimateRequest
 from protocol.kv_http import HEADER_RDMA_TAG, HEADER_SOFT_PIN_TTL, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
+from protocol.session import SessionTicket
 from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
@@ -48,6 +49,7 @@ from .destinations import Destination, Destinations, HttpDestinations, ShmDestin
 from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
+from .local_session import LocalSession, NoResponse
 from .rdma import RdmaDestinations, rdma_available
 from .s3_errors import S3_CALL_ERRORS, client_error_code, from_botocore
 from .stream import FetchStats, LayerStream
@@ -105,6 +107,10 @@ class ObjectCacheClient:
     one (``storage_server.data_listen``); otherwise, or with ``direct=False``,
     the gateway relays them.
 
+    ``local_session`` (shm fetches): register one session of the local fast path
+    (:mod:`protocol.session`) with a signed request, then send each kv-get straight to
+    the storage server's session socket, without HTTP, SigV4 or the gateway.
+
     ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
     ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
     opens the device, the first one by default).
@@ -113,7 +119,7 @@ class ObjectCacheClient:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
                  shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
-                 open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
+                 open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool = False) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -128,6 +134,7 @@ class ObjectCacheClient:
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout)
         self._http: aiohttp.ClientSession | None = None
+        self._local = LocalSession(self._register_session, read_timeout) if local_session else None
         self._s3_ctx = None
         self.s3: Any = None  # aiobotocore S3 client for plain S3 calls
         self._destinations: dict[TransportKind, Destinations] = {
@@ -244,6 +251,11 @@ class ObjectCacheClient:
         assert region.fd is not None
         reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
         return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
+
+    async def _register_session(self) -> SessionTicket:
+        """The signed half of a local fast-path session (then bound on the session socket by :class:`LocalSession`)."""
+        resp = await self._retrying("kv-session", lambda: self._post(f"/{self.bucket}", KVOp.SESSION, b""))
+        return SessionTicket.from_json(await resp.json())
 
     async def _register_rdma(self, metadata: bytes, addr: int, size: int, proof: bytes) -> tuple[bytes, bytes]:
         """Tell the storage server about memory registered with this process's NIXL agent (``proof``: its first bytes)."""
@@ -427,8 +439,11 @@ class ObjectCacheClient:
             if dest is not None:
                 destinations.release(dest)
 
-    async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[aiohttp.ClientResponse, FrameStream | DirectFrameStream]:
-        """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for."""
+    async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[Any, FrameStream | DirectFrameStream]:
+        """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for
+        (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability)."""
+        if self._local is not None and kind == TransportKind.SHM:
+            return NoResponse(), await self._local.open(body)
         direct = self.direct and kind == TransportKind.HTTP
         resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
         if resp.content_type != GRANT_CONTENT_TYPE:

@@ -357,6 +357,10 @@ class StorageServerConfig(Section):
     # of the process's file-descriptor limit), and how long one may take to send its request.
     data_max_connections: int = 1024
     data_request_timeout_s: float = 10.0
+    # The local fast path (protocol.session): how long a session capability lasts, and how many one
+    # tenant may hold (at the cap its oldest is dropped); 0 sessions turns the fast path off.
+    session_ttl_s: float = 3600.0
+    max_sessions_per_tenant: int = 64
 
     # The rdma transport's engine: "nixl" (NIXL over UCX: verbs where a device exists, CMA/TCP
     # otherwise; pip install nixl) or "pyverbs" (rdma-core's verbs directly: one RC queue pair per
@@ -390,6 +394,8 @@ class StorageServerConfig(Section):
         self.require(self.data_ticket_ttl_s > 0, "data_ticket_ttl_s", "must be > 0")
         self.require(self.data_max_connections >= 1, "data_max_connections", "must be at least 1")
         self.require(self.data_request_timeout_s > 0, "data_request_timeout_s", "must be > 0")
+        self.require(self.session_ttl_s > 0, "session_ttl_s", "must be > 0")
+        self.require(self.max_sessions_per_tenant >= 0, "max_sessions_per_tenant", "must be >= 0 (0 = no local fast path)")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
         self.require(self.page_cache_max_bytes >= 0, "page_cache_max_bytes", "must be >= 0 (0 = from MemAvailable and the cgroup)")

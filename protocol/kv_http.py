@@ -29,6 +29,7 @@ class KVOp(StrEnum):
     UNREGISTER = "kv-unregister"  # POST /: UnregisterRequest in, {} out
     STATUS = "kv-status"  # GET /: the storage server's status
     ESTIMATE = "kv-estimate"  # POST /{bucket}: EstimateRequest in, EstimateReply out (protocol.estimate)
+    SESSION = "kv-session"  # POST /{bucket}: SessionTicket out (the local fast path, protocol.session)
 
 
 # Response headers of a kv-get (before its frames).

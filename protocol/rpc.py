@@ -29,6 +29,8 @@ class Op(StrEnum):
     KV_UNREGISTER = "kv-unregister"
     KV_REGISTER_RDMA = "kv-register-rdma"
     KV_TICKET = "kv-ticket"  # a data ticket for one kv-get (protocol.data_ticket); empty endpoint = no data endpoint
+    KV_SESSION = "kv-session"  # a local fast-path session ticket for the gateway's caller (protocol.session)
+    KV_SESSION_BIND = "kv-session-bind"  # on the session socket: the ticket in, a SessionGrant out
     KV_ESTIMATE = "kv-estimate"  # the delivery-time oracle (protocol.estimate): JSON EstimateRequest body, EstimateReply reply
     RDMA_GET_OBJECT = "rdma-get-object"  # a plain GET with x-amz-rdma-token: the object into registered memory
     # Node to node, on the peer listener only, signed with the cluster key (protocol.cluster, protocol.cluster_auth).

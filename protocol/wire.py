@@ -22,8 +22,10 @@ import json
 import math
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
+from functools import cached_property
 
 from .errors import ErrorCode, S3Error
 
@@ -54,11 +56,18 @@ class DescriptorFlag(IntFlag):
 
     NO_LAYER_CHECKSUMS = 1  # the client will not verify: LAYER frames carry checksum 0 and no CRC is computed
     LOAD_BUDGET = 2  # a float64 load budget (seconds) follows the compute window
+    # The key suffixes are lowercase hex of one width, sent as their raw bytes: one byte (the raw width) then
+    # count·width bytes instead of newline-separated text (content hashes: half the bytes, no separators).
+    BINARY_KEY_SUFFIXES = 4
 
 
 # A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
 # so an old server never silently ignores a load budget.
-_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET)
+_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES)
+# Decoded key lists remembered by their bytes: a prefix fetched again decodes to the very same list with no
+# per-key work (and the storage server's resolved pins are found by that list). Bounded in lists and keys.
+KEY_MEMO_LISTS = 64
+KEY_MEMO_KEYS = 1 << 18
 
 
 class TransportKind(IntEnum):
@@ -114,6 +123,44 @@ def _bad(field_name: str, message: str, code: ErrorCode = ErrorCode.KVInvalidDes
 
 # --- key lists -------------------------------------------------------------------
 
+class KeyList(list):
+    """A decoded key list (never to be modified: equal bytes decode to this same object, see :data:`KEY_MEMO_LISTS`)."""
+
+    @cached_property
+    def distinct(self) -> int:
+        """How many different keys it names (computed once per list)."""
+        return len(set(self))
+
+
+class _KeyMemo:
+    """Key sections already decoded, by their exact bytes (least recently used dropped first)."""
+
+    def __init__(self, lists: int = KEY_MEMO_LISTS, keys: int = KEY_MEMO_KEYS) -> None:
+        self.lists, self.keys = lists, keys
+        self._memo: OrderedDict[bytes, KeyList] = OrderedDict()
+        self._held = 0
+        self.hits = self.misses = 0
+
+    def get(self, raw: bytes) -> KeyList | None:
+        found = self._memo.get(raw)
+        if found is not None:
+            self._memo.move_to_end(raw)
+            self.hits += 1
+        else:
+            self.misses += 1
+        return found
+
+    def put(self, raw: bytes, keys: KeyList) -> None:
+        if len(keys) > self.keys:
+            return
+        self._memo[raw] = keys
+        self._held += len(keys)
+        while len(self._memo) > self.lists or self._held > self.keys:
+            self._held -= len(self._memo.popitem(last=False)[1])
+
+
+_KEY_MEMO = _KeyMemo()
+
 _KEYS_HEAD = struct.Struct("<4sHI")  # magic, prefix length, key count
 
 
@@ -133,24 +180,56 @@ def encode_keys(keys: list[str]) -> bytes:
     return _KEYS_HEAD.pack(KEY_LIST_MAGIC, len(p), len(keys)) + p + suffixes.encode()
 
 
-def _decode_keys(buf: memoryview, count: int, prefix_len: int, field_name: str = "chunk_keys") -> list[str]:
+def _binary_suffixes(keys: list[str], n: int) -> bytes | None:
+    """The suffixes (after ``n`` prefix characters) as one width byte plus their raw bytes, when every one is
+    lowercase hex of the same non-zero even width (at most 255 raw bytes); else None."""
+    width = len(keys[0]) - n if keys else 0
+    if not 2 <= width <= 510 or width % 2 or len(set(map(len, keys))) != 1:
+        return None
+    hexes = "".join(k[n:] for k in keys)
+    try:
+        raw = bytes.fromhex(hexes)
+    except ValueError:
+        return None
+    if raw.hex() != hexes:  # upper case, or whitespace that fromhex skips
+        return None
+    return bytes([width // 2]) + raw
+
+
+def _decode_keys(buf: memoryview, count: int, prefix_len: int, field_name: str = "chunk_keys", binary: bool = False) -> KeyList:
+    if len(buf) < prefix_len:
+        raise _bad(field_name, "truncated key prefix")
     try:
         prefix = bytes(buf[:prefix_len]).decode()
+        if binary:
+            return _binary_keys(buf[prefix_len:], count, prefix, field_name)
         blob = bytes(buf[prefix_len:]).decode()
     except UnicodeDecodeError:
         raise _bad(field_name, "keys are not valid UTF-8") from None
-    if len(buf) < prefix_len:
-        raise _bad(field_name, "truncated key prefix")
     suffixes = blob.split("\n") if count else []
     if count and len(suffixes) != count:
         raise _bad(field_name, f"declares {count} keys but carries {len(suffixes)}")
     if not count and blob:
         raise _bad(field_name, "declares 0 keys but carries key bytes")
-    keys = [prefix + s for s in suffixes]
+    keys = KeyList(prefix + s for s in suffixes)
     for k in keys:
         if not k or len(k) > MAX_KEY_BYTES:
             raise _bad(field_name, f"key {k[:80]!r} is empty or longer than {MAX_KEY_BYTES} bytes")
     return keys
+
+
+def _binary_keys(section: memoryview, count: int, prefix: str, field_name: str) -> KeyList:
+    """Keys whose suffixes came as raw bytes (:attr:`DescriptorFlag.BINARY_KEY_SUFFIXES`)."""
+    if count < 1 or len(section) < 1:
+        raise _bad(field_name, "binary key suffixes need a width byte")
+    width = section[0]
+    if width < 1 or len(section) != 1 + width * count:
+        raise _bad(field_name, f"declares {count} binary suffixes of {width} bytes but carries {len(section) - 1} bytes")
+    if len(prefix.encode()) + 2 * width > MAX_KEY_BYTES or "\n" in prefix:
+        raise _bad(field_name, f"keys are longer than {MAX_KEY_BYTES} bytes or hold a newline")
+    hexes = bytes(section[1:]).hex()
+    w = 2 * width
+    return KeyList([prefix + hexes[i : i + w] for i in range(0, len(hexes), w)])
 
 
 def decode_keys(data: bytes) -> list[str]:
@@ -174,17 +253,21 @@ def encode_descriptor(d: Descriptor) -> bytes:
     for k in d.chunk_keys:
         if "\n" in k or not k:
             raise _bad("chunk_keys", f"key {k!r} is empty or contains a newline")
+    if d.chunk_keys and (len(d.chunk_keys[0]) - n) % 2 and n:
+        n -= 1  # an even hex width (the common prefix may end inside the hex digits)
+        prefix = prefix[:n]
     p = prefix.encode()
+    binary = _binary_suffixes(d.chunk_keys, n)
     head = _DESC_HEAD.pack(
         DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
         d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
         d.target.region_id, d.target.token, d.target.offset, d.target.length,
-        len(d.compute_window), len(p), _flags(d),
+        len(d.compute_window), len(p), _flags(d) | (DescriptorFlag.BINARY_KEY_SUFFIXES if binary else 0),
     )
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
     if d.load_budget_s:
         window += struct.pack("<d", d.load_budget_s)
-    return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
+    return head + p + window + (binary if binary is not None else "\n".join(k[n:] for k in d.chunk_keys).encode())
 
 
 def _flags(d: Descriptor) -> int:
@@ -252,8 +335,13 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     budget = struct.unpack_from("<d", buf, budget_at)[0] if flags & DescriptorFlag.LOAD_BUDGET else 0.0
     if not (math.isfinite(budget) and budget >= 0) or (flags & DescriptorFlag.LOAD_BUDGET and budget == 0):
         raise _bad("load_budget_s", f"must be a finite number of seconds > 0 when its flag is set, not {budget!r}")
+    binary = bool(flags & DescriptorFlag.BINARY_KEY_SUFFIXES)
     prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
-    keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len)
+    memo_key = (b"B" if binary else b"T") + prefix_len.to_bytes(2, "little") + count.to_bytes(4, "little") + prefix_and_keys
+    keys = _KEY_MEMO.get(memo_key)
+    if keys is None:
+        keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len, binary=binary)
+        _KEY_MEMO.put(memo_key, keys)
     target = Target(transport_v, bytes(region), bytes(token), offset, length)
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)

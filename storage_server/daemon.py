@@ -23,6 +23,7 @@ from protocol.wire import MAX_DESCRIPTOR_BYTES
 from .data_endpoint import DataEndpoint
 from .gc_schedule import GcSchedule
 from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
+from .local_sessions import SessionEndpoint
 from .metrics import StorageServerMetrics
 from .rdma_objects import RdmaObjects
 from .rpc_server import Reply, RpcCall, RpcServer
@@ -52,6 +53,8 @@ class StorageServer:
         max_body = max(MAX_DESCRIPTOR_BYTES, config.gateway.kv_max_put_bytes)
         self.data = DataEndpoint(config.storage_server, self.kv.get, MAX_DESCRIPTOR_BYTES, self._incarnation)
         self._data_server: asyncio.AbstractServer | None = None
+        self.sessions = SessionEndpoint(config.storage_server, f"{config.rpc_socket}-session", self.kv.get, MAX_DESCRIPTOR_BYTES,
+                                        self._incarnation)
         self.rpc = RpcServer({
             Op.PING: self._ping,
             Op.STATUS: self._status,
@@ -62,6 +65,7 @@ class StorageServer:
             Op.KV_UNREGISTER: self.kv.unregister,
             Op.KV_REGISTER_RDMA: self.kv.register_rdma,
             Op.KV_TICKET: self.data.ticket,
+            Op.KV_SESSION: self.sessions.offer,
             Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
         }, max_body=max_body)
         self.rpc_key = storage_rpc_key(config.storage_server.rpc_key, config.storage_server.rpc_key_file)
@@ -80,6 +84,7 @@ class StorageServer:
         self.gc.start()
         self._housekeeper = asyncio.ensure_future(self.housekeeping())
         await self.handover.start()
+        await self.sessions.listen()
         m = self.config.metrics
         if m.storage_server_port:
             self._stop_metrics = self.metrics.listen(m.host, m.storage_server_port)
@@ -107,6 +112,7 @@ class StorageServer:
                 await uploads.maybe_run()
                 swept = await self.chunks.housekeeping()
                 expired = self.kv.regions.expire(ss.region_idle_s)
+                self.sessions.registry.expire()
                 self.gc.housekeeping()
             except Exception:  # one bad round must not end housekeeping for the daemon's lifetime
                 log.exception("housekeeping round failed")
@@ -131,6 +137,7 @@ class StorageServer:
             "pid": os.getpid(),
             "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
             **self.kv.status(),
+            "local_sessions": self.sessions.registry.status(),
             **self.chunks.status(),
             **(self.cluster.status() if self.cluster is not None else {}),
             **({"oracle": self.estimator.status()} if self.estimator is not None else {}),
@@ -141,6 +148,7 @@ class StorageServer:
         then stop the rest; how many were still running at the deadline."""
         if self._data_server is not None:
             self._data_server.close()  # no new direct kv-gets either
+        self.sessions.close()  # nor local fast-path ones
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if self.kv.active:
@@ -162,6 +170,7 @@ class StorageServer:
         if self._data_server is not None:
             self._data_server.close()
         self.handover.close()
+        self.sessions.close()
         if self.estimator is not None:
             self.estimator.close()
         if self.cluster is not None:

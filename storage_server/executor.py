@@ -72,7 +72,9 @@ class ReadPlan:
            headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
         if headers is not None:
             return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers)
-        rows, first_rows = _mapped_rows(pinned, descriptor.per_layer_chunk_bytes)
+        s = descriptor.per_layer_chunk_bytes
+        known = pinned.derived.get(("rows", s))  # the same pins as a transfer before (a resolved prefix)
+        rows, first_rows = known if known is not None else pinned.derived.setdefault(("rows", s), _mapped_rows(pinned, s))
         return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
 
     @property

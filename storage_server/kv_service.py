@@ -232,7 +232,8 @@ class KVService:
         # Its chunk files open beside the other transfers', never EMFILE; an O_DIRECT twin each where a cold read may go direct.
         kind = transport_class(d.target.transport)
         direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)
-        async with self.fds.hold(len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
+        distinct = getattr(d.chunk_keys, "distinct", None)  # a decoded KeyList counts once per key list
+        async with self.fds.hold(distinct if distinct is not None else len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
             return await self._get(call, d, arrived)
 
     async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:

@@ -7,6 +7,8 @@
 * ``POST /{bucket}?kv-estimate`` — the delivery-time oracle: per candidate host, warm chunks, path and predicted
   times (:mod:`protocol.estimate`), answered by the storage server of a cluster node.
 * ``POST /?kv-register`` / ``POST /?kv-unregister`` — shared-memory regions for the ``shm`` transport.
+* ``POST /{bucket}?kv-session`` — a session of the local fast path (:mod:`protocol.session`): kv-gets from this host
+  then go to the storage server's session socket.
 
 The gateway authenticates, authorises and validates; the storage server, which
 owns the chunk store and its capacity, executes. Bodies, headers and frames are
@@ -43,6 +45,7 @@ from protocol.kv_http import (
     UnregisterRequest,
 )
 from protocol.rpc import KVGetAccepted, Op
+from protocol.session import SessionTicket
 from protocol.wire import FRAME_SIZE, MAX_DESCRIPTOR_BYTES, FrameType, TransportKind, decode_descriptor, descriptor_transport, json_frame, unpack_frame
 
 from ..s3api.context import S3Request
@@ -129,6 +132,14 @@ async def kv_get(req: S3Request) -> web.StreamResponse:
         return resp
     finally:
         writer.close()
+
+
+async def kv_session(req: S3Request) -> web.Response:
+    """The local fast path (:mod:`protocol.session`): a ticket to bind on the storage server's session socket, for the
+    caller's own bucket (the incarnation checked here is the one the session will be good for)."""
+    bucket = await req.owned_bucket()
+    reply = await rpc(req).call(Op.KV_SESSION, b"", tenant=req.tenant, bucket=req.bucket, bucket_incarnation=bucket.incarnation)
+    return json_response(SessionTicket.from_json(reply).to_json())
 
 
 async def kv_estimate(req: S3Request) -> web.Response:

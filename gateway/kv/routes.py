@@ -15,6 +15,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", Level.BUCKET, "KVPut", handlers.kv_put, query=(KVOp.PUT,)),
     Route("POST", Level.BUCKET, "KVGet", handlers.kv_get, query=(KVOp.GET,)),
     Route("POST", Level.BUCKET, "KVEstimate", handlers.kv_estimate, query=(KVOp.ESTIMATE,)),
+    Route("POST", Level.BUCKET, "KVSession", handlers.kv_session, query=(KVOp.SESSION,)),
     Route("POST", Level.SERVICE, "KVRegister", handlers.kv_register, query=(KVOp.REGISTER,)),
     Route("POST", Level.SERVICE, "KVUnregister", handlers.kv_unregister, query=(KVOp.UNREGISTER,)),
     Route("POST", Level.SERVICE, "KVRegisterRdma", handlers.kv_register_rdma, query=(KVOp.REGISTER_RDMA,)),

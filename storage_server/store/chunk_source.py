@@ -55,6 +55,9 @@ class PinnedChunks:
     paths: dict[str, int] = field(default_factory=dict)
     # Peer streams that failed part-way (or sent bad bytes) and whose chunks came another way.
     failovers: int = 0
+    # What a reader derives from these very pins and may keep for the next transfer of the same resolved
+    # prefix (the executor's row indices); a fresh dict where the pins are not reused.
+    derived: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def whole_files(cls, fds: list[int], sizes: list[int], mapped: list[MappedSlot | None] | None = None,

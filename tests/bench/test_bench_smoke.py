@@ -224,7 +224,7 @@ def test_bench_peers(tmp_path):
     assert [(r["chunk_tokens"], r["chunks"]) for r in result["rows"]] == [(16, 16), (64, 8)]
     for row in result["rows"]:
         assert row["payload_bytes"] == 32 * row["chunks"] * row["chunk_tokens"] * 4096 // result["scale"]
-        assert set(row["paths"]) == {"memcpy", "ObjectCache-shm", "ObjectCache-http"} | rdma | ran
+        assert set(row["paths"]) == {"memcpy", "ObjectCache-shm", "ObjectCache-shm-local", "ObjectCache-http"} | rdma | ran
         assert row["paths"]["memcpy"]["vs_memcpy"] == 1
         for name, p in row["paths"].items():
             assert p["verified_runs"] == result["repeats"] == 2 == len(p["runs_gb_per_s"]) == len(p["runs_first_layer_ms"]), name

@@ -51,6 +51,7 @@ OPERATIONS = [
     ("POST", B, {"kv-put": ""}, {}, "KVPut"),
     ("POST", B, {"kv-lookup": ""}, {}, "KVLookup"),
     ("POST", B, {"kv-estimate": ""}, {}, "KVEstimate"),
+    ("POST", B, {"kv-session": ""}, {}, "KVSession"),
     ("POST", S, {"kv-register": ""}, {}, "KVRegister"),
     ("POST", S, {"kv-unregister": ""}, {}, "KVUnregister"),
     ("POST", S, {"kv-register-rdma": ""}, {}, "KVRegisterRdma"),

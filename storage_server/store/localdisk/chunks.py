@@ -34,6 +34,7 @@ from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .locations import Location, LocationCache
 from .open_files import MissingFile, OpenFileCache
+from .resolved import Resolved, ResolvedPrefixes
 from .store import LocalDiskStore
 
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
@@ -67,6 +68,7 @@ class LocalDiskChunkSource(ChunkSource):
         self.evicted = 0
         self._trimming: asyncio.Task | None = None
         self.locations = LocationCache(store.index.db_path)
+        self.resolved = ResolvedPrefixes(self.files, self._let_go)  # repeated prefixes: pinned in O(1)
 
     async def _locate(self, bucket: str, keys: list[str]) -> list[Location | None]:
         """Each key's (file, size), or None: remembered while the metadata is unchanged, else asked of the index."""
@@ -126,9 +128,12 @@ class LocalDiskChunkSource(ChunkSource):
         for tenant in self.ledger.tenants():
             over = self.ledger.over(tenant, self.policy.tenant_used(tenant))
             if over:
+                self.resolved.drop_idle()
                 chosen += self._take(self.policy.victims(over, partial=True, tenant=tenant) or [])
         need = self.policy.used - self.max_bytes
         if need > 0:
+            if self.resolved.drop_idle():  # their chunks were pinned only for the next repeat: eviction comes first
+                need = self.policy.used - self.max_bytes
             chosen += self._take(self.policy.victims(need, partial=True) or [])
         if not chosen:
             return
@@ -149,6 +154,10 @@ class LocalDiskChunkSource(ChunkSource):
         return names
 
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
+        version = self.locations.version()
+        entry = self.resolved.get(bucket, keys, version)
+        if entry is not None:  # the same prefix, nothing committed since: no per-key work
+            return self.resolved.pinned(entry, functools.partial(self._release_resolved, entry))
         found = await self._locate(bucket, keys)
         for key, loc in zip(keys, found):
             if loc is None:
@@ -170,7 +179,20 @@ class LocalDiskChunkSource(ChunkSource):
             self.policy.unpin(names)
             raise
         fds, mapped = held
+        entry = Resolved(bucket, keys, paths, names, sizes, fds, mapped)
+        if self.resolved.add(entry, version):  # the entry holds these pins from now on
+            return self.resolved.pinned(entry, functools.partial(self._release_resolved, entry))
         return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, names))
+
+    def _release_resolved(self, entry: Resolved) -> None:
+        """A transfer of a kept prefix ended: its chunks become the most recently used; the entry keeps them pinned."""
+        self.policy.touch_chain(entry.names)
+        self.resolved.done(entry)
+
+    def _let_go(self, entry: Resolved) -> None:
+        """A kept prefix left the cache and no transfer reads it: unpin its chunks (eviction may take them again)."""
+        self.files.release(entry.paths)
+        self.policy.unpin(entry.names)
 
     def _release(self, paths: list[str], names: list[str]) -> None:
         """The transfer is over: its chunks become the most recently used (off the first layer's path), unpinned."""
@@ -184,12 +206,15 @@ class LocalDiskChunkSource(ChunkSource):
                 pass  # released off the loop: the next put trims
 
     async def housekeeping(self) -> dict[str, int]:
+        self.resolved.check(self.locations.version())  # metadata changed with no kv-get since: let the kept pins go
         closed = await asyncio.get_running_loop().run_in_executor(None, self.files.sweep)
         await self._trim()
         return {"closed_fds_of_deleted_chunks": closed}
 
     def status(self) -> dict[str, object]:
-        return {"open_file_cache": self.files.status(), "chunk_locations": self.locations.status(),
+        kept = self.resolved.kept_files()
+        return {"open_file_cache": self.files.status(kept) | {"kept_for_repeats": len(kept)}, "chunk_locations": self.locations.status(),
+                "resolved_prefixes": self.resolved.status(),
                 "chunk_bytes": {"bytes": self.policy.used, "max_bytes": self.max_bytes, "chunks": len(self.policy),
                                 "pinned_bytes": self.policy.pinned_bytes, "evicted": self.evicted},
                 "soft_pinned_bytes": self.soft.status(),
@@ -201,5 +226,6 @@ class LocalDiskChunkSource(ChunkSource):
     async def close(self) -> None:
         if self._trimming is not None:
             await asyncio.gather(self._trimming, return_exceptions=True)
+        self.resolved.clear()
         self.files.close()
         self.locations.close()

@@ -172,9 +172,11 @@ class OpenFileCache:
                     closed += 1
         return closed
 
-    def status(self) -> dict[str, int]:
+    def status(self, kept: dict[str, int] | None = None) -> dict[str, int]:
+        """Counts; ``kept``: references held between transfers (path -> how many), not counted as in use."""
+        kept = kept or {}
         with self._lock:
-            counts = {"files": len(self._entries), "in_use": sum(1 for e in self._entries.values() if e.users),
+            counts = {"files": len(self._entries), "in_use": sum(1 for p, e in self._entries.items() if e.users > kept.get(p, 0)),
                       "capacity": self.capacity, "hits": self.hits, "misses": self.misses}
         if self.mapper is not None:
             counts["mapped"] = self.mapper.status()["mapped"]

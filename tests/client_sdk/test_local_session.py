@@ -1,0 +1,134 @@
+"""The local fast path end to end: one signed registration, kv-gets on the session socket, every check kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from kvsupport import keys_for, make_chunks, reference, rpc, run, tiny_layout
+
+from client_sdk import ObjectCacheClient, ObjectCacheError
+from protocol.rpc import Op, RpcRequest
+from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor
+
+
+def local_client(server, tenant, bucket: str) -> ObjectCacheClient:
+    return ObjectCacheClient(server.endpoint, tenant.access_key, tenant.secret_key, bucket=bucket, local_session=True)
+
+
+@pytest.fixture(scope="module")
+def stored(server, tenants, s3):
+    bucket = "local-session"
+    s3.create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 40, "local-session")
+    chunks = make_chunks(layout, 40, seed=21)
+
+    async def put():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, chunks, layout)
+
+    run(put())
+    return bucket, layout, keys, chunks
+
+
+def test_fetches_go_to_the_session_socket_and_deliver_every_layer(server, tenants, stored):
+    bucket, layout, keys, chunks = stored
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            seen = []
+            async with c.fetch_layers(keys, layout, "shm", mode="layerwise") as layers:
+                async for idx, _ in layers:
+                    seen.append(idx)
+            payload, stats = await c.fetch(keys, layout, "shm")
+            assert seen == list(range(layout.num_layers))
+            assert np.array_equal(payload, reference(layout, chunks))
+            # Served on the session socket: no gateway request id, the session's own.
+            assert stats.direct and stats.gateway_s == 0 and stats.server.request_id.startswith("L")
+        assert rpc(server.rpc_socket, "status")["local_sessions"]["sessions"] >= 1
+
+    run(scenario())
+
+
+def _session_kv_get(grant, socket_path: str, descriptor: bytes) -> dict:
+    """The same capability sent from another process: its reply line."""
+    line = RpcRequest(Op.KV_GET, {"session": grant.session, "secret": grant.secret}, len(descriptor)).encode()
+    code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+            "s.sendall(bytes.fromhex(sys.argv[2])); print(s.makefile('rb').readline().decode())")
+    out = subprocess.run([sys.executable, "-c", code, socket_path, (line + descriptor).hex()], capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def test_the_capability_is_bound_to_the_registering_process(server, tenants, stored):
+    bucket, layout, keys, _ = stored
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            await c.fetch(keys[:2], layout, "shm")
+            grant, path = c._local._grant, c._local._socket
+            shm = c._destinations[TransportKind.SHM]
+            dest = await shm.acquire(layout.payload_bytes(2), None)
+            try:
+                d = encode_descriptor(Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
+                                                 dest.target, mode=Mode.LAYERWISE))
+                reply = _session_kv_get(grant, path, d)
+            finally:
+                shm.release(dest)
+            assert reply["error"]["code"] == "AccessDenied" and "another process" in reply["error"]["message"]
+
+    run(scenario())
+
+
+def test_a_session_reads_only_its_tenants_bucket_and_writes_only_its_tenants_regions(server, tenants, stored, s3_bob):
+    bucket, layout, keys, _ = stored
+    s3_bob.create_bucket(Bucket="local-session-bob")
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as alice, \
+                local_client(server, tenants["bob"], bucket) as bob_on_alices, \
+                local_client(server, tenants["bob"], "local-session-bob") as bob:
+            with pytest.raises(ObjectCacheError) as e:  # no session for another tenant's bucket
+                await bob_on_alices.fetch(keys, layout, "shm")
+            assert e.value.code.name == "AccessDenied"
+            with pytest.raises(ObjectCacheError) as e:  # bob's session is for bob's bucket: alice's keys are not there
+                await bob.fetch(keys, layout, "shm")
+            assert e.value.code.name == "NoSuchKey"
+            # Bob's own session naming alice's shm region: the region capability is checked as on the gateway path.
+            shm = alice._destinations[TransportKind.SHM]
+            dest = await shm.acquire(layout.payload_bytes(2), None)
+            try:
+                d = encode_descriptor(Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
+                                                 dest.target, mode=Mode.LAYERWISE))
+                with pytest.raises(ObjectCacheError) as e:
+                    await bob._local.open(d)
+                assert e.value.code.name == "AccessDenied" and "region" in e.value.message
+            finally:
+                shm.release(dest)
+
+    run(scenario())
+
+
+def test_a_session_ends_with_its_bucket(server, tenants, s3, s3_bob):
+    s3.create_bucket(Bucket="local-session-gone")
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 4, "local-session-gone")
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], "local-session-gone") as c:
+            await c.put_chunks(keys, make_chunks(layout, 4, seed=3), layout)
+            await c.fetch(keys, layout, "shm")
+            assert c._local._grant is not None
+            for k in keys:
+                s3.delete_object(Bucket="local-session-gone", Key=k)
+            s3.delete_bucket(Bucket="local-session-gone")
+            s3_bob.create_bucket(Bucket="local-session-gone")  # the same name, now bob's: alice's session must not reach it
+            with pytest.raises(ObjectCacheError) as e:
+                await c.fetch(keys, layout, "shm")
+            # Refused on the socket (the bucket is another incarnation), then the fresh registration by the gateway.
+            assert e.value.code.name == "AccessDenied" and c._local._grant is None
+
+    run(scenario())
