@@ -522,6 +522,11 @@ class CompressionConfig(Section):
     # Buckets that also accept every lossy codec (int8, int4, fp8 and their "+zstd" forms): KV read
     # from them is approximate, within each codec's stated bound.
     lossy_buckets: tuple[str, ...] = ()
+    # The node's decode pipeline (fetch on storage_server.read_threads, then these two stages, each its own
+    # pool) over pieces of about piece_bytes decoded bytes; slots in flight = the three pools' workers.
+    decompress_threads: int = 2
+    dequantise_threads: int = 2
+    piece_bytes: int = 1 << 20
 
     def allows(self, bucket: str, codec: str) -> bool:
         return codec in self.allowed_codecs or codec in LOSSLESS_CODECS or (bucket in self.lossy_buckets and codec in CODEC_NAMES)
@@ -529,6 +534,9 @@ class CompressionConfig(Section):
     def validate(self) -> None:
         for name in self.allowed_codecs:
             self.require(name in CODEC_NAMES, "allowed_codecs", f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})")
+        self.require(self.decompress_threads >= 1, "decompress_threads", "must be at least 1")
+        self.require(self.dequantise_threads >= 1, "dequantise_threads", "must be at least 1")
+        self.require(self.piece_bytes >= 4096, "piece_bytes", "must be at least 4096")
 
 
 @dataclass(frozen=True)

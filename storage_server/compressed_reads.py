@@ -1,38 +1,22 @@
-"""Compressed chunks in a kv-get: their headers (read and checked before the transfer is accepted) and
-the read + decode of a run of chunks' layer slices straight into the transport's buffer.
+"""Compressed chunks in the node: their headers, read and checked before a kv-get is accepted, and the
+checks of a kv-put that stores them (the decoding itself: :mod:`storage_server.decode_pipeline`).
 
 A chunk object of exactly ``L·S`` bytes is raw; any other size must be a compressed chunk
 (:mod:`protocol.compressed_chunk`) whose header agrees with the descriptor, else the kv-get is refused
 before any byte moves: ``KVChunkSizeMismatch`` for a chunk that is not a compressed one,
-``KVInvalidCompressedChunk`` naming the key and field for one whose header is inconsistent. Layer ℓ of
-a compressed chunk is one ``pread`` of its encoded slice (into a per-thread buffer reused across
-slices), a CRC32C check, then the codec's decompress and dequantise stages writing the S decoded
-bytes at the chunk's place in the destination. The executor reports a layer ready only after every
-run of the layer returned, so no partly decoded layer is ever announced.
+``KVInvalidCompressedChunk`` naming the key and field for one whose header is inconsistent.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
-import numpy as np
 from awscrt.checksums import crc32c
 
 from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, ChunkHeader, bad_chunk, decode_header, head_of, is_compressed
 from protocol.config import CompressionConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor
-
-_scratch = threading.local()
-
-
-def _buffer(nbytes: int) -> memoryview:
-    """This thread's reusable read buffer, grown to at least ``nbytes``."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < nbytes:
-        buf = _scratch.buf = bytearray(max(nbytes, 1 << 20))
-    return memoryview(buf)[:nbytes]
 
 
 def _pread_exact(fd: int, dest: memoryview, offset: int, what: str) -> None:
@@ -62,31 +46,6 @@ def read_headers(d: Descriptor, fds: list[int], offsets: list[int], sizes: list[
         _pread_exact(fd, memoryview(whole), offset, f"chunk {key!r}")
         headers.append(decode_header(key, whole, size, layers=layers, slice_bytes=s))
     return headers
-
-
-def decode_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, layer: int, size: int, dest: memoryview,
-               checksum: bool, headers: list[ChunkHeader | None], keys: list[str]) -> int:
-    """Layer ``layer`` of chunks first..last-1 into ``dest`` at ``(j - base)·size``, raw ones read, compressed ones
-    read and decoded; returns the CRC32C of the decoded run (0 unless ``checksum``)."""
-    pos = start = (first - base) * size
-    for j in range(first, last):
-        out = dest[pos : pos + size]
-        h = headers[j]
-        if h is None:
-            _pread_exact(fds[j], out, offsets[j] + layer * size, f"chunk #{j}")
-        else:
-            encoded = _buffer(h.lengths[layer])
-            _pread_exact(fds[j], encoded, offsets[j] + h.offsets[layer], f"chunk {keys[j]!r}")
-            h.decode_layer(keys[j], layer, encoded, np.frombuffer(out, np.uint8))
-        pos += size
-    return crc32c(dest[start:pos]) if checksum else 0
-
-
-def decode_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int,
-                        dest: memoryview, headers: list[ChunkHeader | None], keys: list[str]) -> None:
-    """Chunks first..last-1, every layer, decoded into layer-major places (chunk j of layer ℓ at ``(ℓ·n + j)·size``)."""
-    for layer in range(layers):
-        decode_run(fds, offsets, first, last, -layer * n_chunks, layer, size, dest, False, headers, keys)
 
 
 def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: CompressionConfig) -> None:

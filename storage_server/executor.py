@@ -32,7 +32,8 @@ from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
-from .compressed_reads import ChunkHeader, decode_run, decode_whole_chunks
+from .compressed_reads import ChunkHeader
+from .decode_pipeline import DecodePipeline
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .residency import read_ahead, read_ahead_budget, resident_fraction
 from .store import PinnedChunks
@@ -153,14 +154,18 @@ def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
 class Executor:
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
-    def __init__(self, io_threads: int, direct_depth: int = 0) -> None:
+    def __init__(self, io_threads: int, direct_depth: int = 0, *, decompress_threads: int = 2, dequantise_threads: int = 2,
+                 piece_bytes: int = 1 << 20) -> None:
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kv-read")
         self.io_threads = io_threads
         self.direct_depth = direct_depth  # O_DIRECT reads in flight for cold transfers; 0: always through the page cache
         self._direct: ThreadPoolExecutor | None = None
+        # Compressed chunks: fetch on the read pool, then decompress and dequantise on pools of their own.
+        self.decoder = DecodePipeline(self.pool, io_threads, decompress_threads, dequantise_threads, piece_bytes)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.decoder.close()
         if self._direct is not None:
             self._direct.shutdown(wait=True)
 
@@ -193,9 +198,9 @@ class Executor:
         CRC32C (0 unless ``checksum``), each run's taken by its reader and the runs' combined in order."""
         s = plan.descriptor.per_layer_chunk_bytes
         if plan.headers is not None:
-            runs = await self._read_runs(decode_run, plan, first, last, first, layer, s, dest, checksum, plan.headers,
-                                         plan.descriptor.chunk_keys)
-        elif plan.mapped:
+            return await self.decoder.decode(plan.fds, plan.offsets, plan.headers, plan.descriptor.chunk_keys, layer, first, last, s,
+                                             dest, checksum)
+        if plan.mapped:
             runs = await self._read_runs(_take_run, plan, first, last, first, layer, s, dest, checksum)
         else:
             runs = await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest, checksum)
@@ -349,7 +354,8 @@ class Executor:
             t0 = time.perf_counter()
             n = len(plan.fds)
             if plan.headers is not None:
-                await self._read_runs(decode_whole_chunks, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest, plan.headers, d.chunk_keys)
+                for layer in range(d.num_layers):
+                    await self.read_piece(plan, layer, 0, n, dest[layer * d.layer_bytes : (layer + 1) * d.layer_bytes])
             else:
                 whole = _take_whole_chunks if plan.mapped else _read_whole_chunks
                 await self._read_runs(whole, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest)

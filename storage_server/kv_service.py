@@ -119,7 +119,9 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth)
+        zc = config.compression
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, decompress_threads=zc.decompress_threads,
+                                 dequantise_threads=zc.dequantise_threads, piece_bytes=zc.piece_bytes)
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)

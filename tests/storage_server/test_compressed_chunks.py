@@ -23,7 +23,9 @@ def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("compressed")
     people = make_tenants("alice")
     config = write_config(root / "c.toml", root / "data", people,
-                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\n')
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\n'
+                                '# several pieces per layer through the decode stages, one worker each\n'
+                                'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n')
     proc = ServerProcess(config).start()
     s3 = boto_client(proc.endpoint, people[0])
     for bucket in ("kvz", "lossy", "strict"):
