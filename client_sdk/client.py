@@ -43,7 +43,7 @@ from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
-from .compression import encode_layout_chunk
+from .compression import encode_layout_chunk, shape_header
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .direct import DirectFrameStream
 from .frames import FrameStream
@@ -318,21 +318,22 @@ class ObjectCacheClient:
             if codec != "none":
                 mv = memoryview(await asyncio.to_thread(encode_layout_chunk, mv, layout, codec))
             views.append((key, mv))
+        headers = shape_header(layout) if layout is not None and codec == "none" else None  # the bucket's codec may apply
         batch: list[tuple[str, memoryview]] = []
         size = 0
         for item in views:
             batch.append(item)
             size += item[1].nbytes
             if size >= PUT_BATCH_BYTES:
-                await self._put_batch(batch)
+                await self._put_batch(batch, headers)
                 batch, size = [], 0
         if batch:
-            await self._put_batch(batch)
+            await self._put_batch(batch, headers)
         return len(views)
 
-    async def _put_batch(self, batch: list[tuple[str, memoryview]]) -> None:
+    async def _put_batch(self, batch: list[tuple[str, memoryview]], headers: dict[str, str] | None = None) -> None:
         body = encode_put_batch(batch)  # a list of views: each attempt sends it afresh
-        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body))
+        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body, extra_headers=headers))
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the longest cached prefix, in chunks."""

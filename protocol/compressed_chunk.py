@@ -154,6 +154,51 @@ def decode_header(key: str, data: bytes | memoryview, object_bytes: int, *, laye
     return ChunkHeader(codec, dtype, layout, tuple(offsets), tuple(lengths), tuple(crcs), object_bytes)
 
 
+HEADER_KV_LAYOUT = "x-oc-kv-layout"  # kv-put: the chunks' shape, so a bucket's configured codec can be applied by the node
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """What a kv-put says of its raw chunks: L layer slices of ``layout`` in ``dtype`` (header
+    ``x-oc-kv-layout: layers=L;planes=2;tokens=G;channels=C;dtype=bfloat16``)."""
+
+    layers: int
+    dtype: str
+    layout: SliceLayout
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.layers * self.layout.nbytes(self.dtype)
+
+    def to_header(self) -> str:
+        sl = self.layout
+        return f"layers={self.layers};planes={sl.planes};tokens={sl.tokens};channels={sl.channels};dtype={self.dtype}"
+
+    @classmethod
+    def from_header(cls, value: str) -> "ChunkShape":
+        """Strict: every field once, nothing else; errors name the header and the field."""
+        def bad(field: str, why: str) -> S3Error:
+            return S3Error(ErrorCode.InvalidArgument, f"{HEADER_KV_LAYOUT}: {field}: {why}", extra={"ArgumentName": HEADER_KV_LAYOUT, "Field": field})
+
+        parts = dict(p.partition("=")[::2] for p in value.split(";"))
+        if set(parts) != {"layers", "planes", "tokens", "channels", "dtype"} or len(parts) != len(value.split(";")):
+            raise bad("fields", f"{value!r} must give layers, planes, tokens, channels and dtype once each")
+        numbers = {}
+        for name in ("layers", "planes", "tokens", "channels"):
+            if not parts[name].isdigit() or not 0 < int(parts[name]) <= 1 << 24:
+                raise bad(name, f"{parts[name]!r} is not a positive integer")
+            numbers[name] = int(parts[name])
+        if parts["dtype"] not in DTYPE_IDS:
+            raise bad("dtype", f"{parts['dtype']!r} is not one of {', '.join(DTYPE_IDS)}")
+        if numbers["layers"] > MAX_LAYERS:
+            raise bad("layers", f"more than {MAX_LAYERS}")
+        try:
+            layout = SliceLayout(numbers["planes"], numbers["tokens"], numbers["channels"])
+        except CodecError as e:
+            raise bad("planes", str(e)) from None
+        return cls(numbers["layers"], parts["dtype"], layout)
+
+
 def head_of(data: bytes | memoryview) -> int:
     """Bytes of header in an object starting with ``data`` (at least the fixed part), 0 if it cannot say."""
     view = memoryview(data).cast("B")

@@ -13,7 +13,8 @@ import os
 
 from awscrt.checksums import crc32c
 
-from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, ChunkHeader, bad_chunk, decode_header, head_of, is_compressed
+from protocol.codecs import CodecError, codec_by_name
+from protocol.compressed_chunk import FIXED_HEADER_BYTES, HEADER_KV_LAYOUT, MAGIC, ChunkHeader, ChunkShape, bad_chunk, decode_header, encode_chunk, head_of, is_compressed
 from protocol.config import CompressionConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor
@@ -64,3 +65,25 @@ def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: Compres
             encoded = data[h.offsets[layer] : h.offsets[layer] + h.lengths[layer]]
             if crc32c(encoded) != h.crcs[layer]:
                 raise bad_chunk(key, f"layers[{layer}].crc32c", "the encoded layer slice does not match its checksum")
+
+
+def encode_puts(items: list[tuple[str, memoryview]], shape: ChunkShape, codec: str) -> list[tuple[str, memoryview]]:
+    """A kv-put's raw chunks (each exactly ``shape.chunk_bytes``) stored with the bucket's ``codec``; chunks that
+    are compressed already stay as they are (their codec was checked)."""
+    out = []
+    s, c = shape.layout.nbytes(shape.dtype), codec_by_name(codec)
+    for key, data in items:
+        if bytes(data[: len(MAGIC)]) == MAGIC and len(data) != shape.chunk_bytes:
+            out.append((key, data))
+            continue
+        if len(data) != shape.chunk_bytes:
+            raise S3Error(ErrorCode.KVChunkSizeMismatch,
+                          f"chunk {key!r} is {len(data)} bytes, the kv-put's {HEADER_KV_LAYOUT} says {shape.chunk_bytes}",
+                          extra={"Key": key, "ActualSize": str(len(data)), "ExpectedSize": str(shape.chunk_bytes)})
+        try:
+            encoded = encode_chunk([data[i * s : (i + 1) * s] for i in range(shape.layers)], c, shape.dtype, shape.layout)
+        except CodecError as e:
+            raise S3Error(ErrorCode.InvalidArgument, f"chunk {key!r}: {codec} cannot encode it: {e}",
+                          extra={"Key": key, "Field": e.field}) from None
+        out.append((key, memoryview(encoded)))
+    return out

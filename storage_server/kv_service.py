@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from protocol.compressed_chunk import ChunkShape
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
@@ -30,7 +31,7 @@ from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_k
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
-from .compressed_reads import check_puts, read_headers
+from .compressed_reads import check_puts, encode_puts, read_headers
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
 from .plan import TransferPlan, plan_transfer
@@ -149,6 +150,10 @@ class KVService:
         bucket, tenant = call.field("bucket"), call.field("tenant")
         items = decode_put_batch(call.body)
         check_puts(bucket, items, self.config.compression)
+        codec = self.config.compression.codec_for(bucket)
+        if codec != "none" and (shape := call.request.fields.get("kv_layout")):
+            items = await asyncio.get_running_loop().run_in_executor(
+                self.executor.pool, encode_puts, items, ChunkShape.from_header(str(shape)), codec)
         etags = await self.chunks.put_chunks(bucket, items, tenant)
         return PutReply(len(etags), etags).to_json()
 

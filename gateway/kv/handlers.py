@@ -23,6 +23,7 @@ import time
 
 from aiohttp import web
 
+from protocol.compressed_chunk import HEADER_KV_LAYOUT, ChunkShape
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import MAX_ESTIMATE_BODY, EstimateReply, EstimateRequest
@@ -72,7 +73,9 @@ async def kv_lookup(req: S3Request) -> web.Response:
 async def kv_put(req: S3Request) -> web.Response:
     await req.owned_bucket()
     body = await req.body_bytes(req.config.kv_max_put_bytes)
-    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket)
+    shape = req.http.headers.get(HEADER_KV_LAYOUT)  # the chunks' shape, for a bucket whose codec the node applies
+    fields = {"kv_layout": ChunkShape.from_header(shape).to_header()} if shape is not None else {}
+    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket, **fields)
     return json_response(PutReply.from_json(reply).to_json())
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.codecs import CODECS, Codec, SliceLayout, codec_by_id, codec_by_name
-from protocol.compressed_chunk import FIXED_HEADER_BYTES, ChunkHeader, decode_header, encode_chunk, head_of, header_bytes, is_compressed
+from protocol.compressed_chunk import FIXED_HEADER_BYTES, ChunkHeader, ChunkShape, decode_header, encode_chunk, head_of, header_bytes, is_compressed
 from protocol.errors import ErrorCode, S3Error
 
 
@@ -110,3 +110,15 @@ def test_corrupt_payload_is_refused_by_its_crc(obj):
     h: ChunkHeader = decode_header("k", bytes(obj), len(obj))
     obj[h.offsets[1] + 3] ^= 0x40
     assert _refusal(bytes(obj), s=S).extra["Field"] == "layers[1].crc32c"
+
+
+def test_the_kv_put_shape_header_is_strict():
+    shape = ChunkShape(4, "bfloat16", SliceLayout(2, 16, 256))
+    assert ChunkShape.from_header(shape.to_header()) == shape and shape.chunk_bytes == 4 * 2 * 16 * 256 * 2
+    for value, field in (("layers=4;planes=2;tokens=16;channels=8", "fields"), ("layers=4;planes=2;tokens=16;channels=8;dtype=int8", "dtype"),
+                         ("layers=-1;planes=2;tokens=16;channels=8;dtype=float16", "layers"),
+                         ("layers=4;planes=3;tokens=16;channels=8;dtype=float16", "planes"),
+                         ("layers=4;layers=4;planes=2;tokens=16;channels=8;dtype=float16", "fields")):
+        with pytest.raises(S3Error) as e:
+            ChunkShape.from_header(value)
+        assert e.value.code == ErrorCode.InvalidArgument and e.value.extra["Field"] == field, value

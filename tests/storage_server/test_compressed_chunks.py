@@ -13,6 +13,7 @@ from compressionsupport import kv_chunks, kv_layout
 from kvsupport import TRANSPORTS, client, keys_for, reference, run
 from support import ServerProcess, boto_client, make_tenants, write_config
 
+from client_sdk.compression import shape_header
 from protocol.codecs import group_absmax
 from protocol.codecs.base import to_float32
 from protocol.errors import ErrorCode, S3Error
@@ -23,12 +24,12 @@ def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("compressed")
     people = make_tenants("alice")
     config = write_config(root / "c.toml", root / "data", people,
-                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\n'
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\nbucket_codecs = ["auto:zstd", "lossy:int8"]\n'
                                 '# several pieces per layer through the decode stages, one worker each\n'
                                 'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n')
     proc = ServerProcess(config).start()
     s3 = boto_client(proc.endpoint, people[0])
-    for bucket in ("kvz", "lossy", "strict"):
+    for bucket in ("kvz", "lossy", "strict", "auto"):
         s3.create_bucket(Bucket=bucket)
     yield proc, people[0], s3
     proc.stop()
@@ -152,3 +153,29 @@ def test_put_of_an_inconsistent_compressed_chunk_is_refused(node):
     assert e.value.code == ErrorCode.KVInvalidCompressedChunk and keys[0] in e.value.message and "codec" in e.value.message
     with pytest.raises(ClientError):
         node[2].head_object(Bucket="kvz", Key=keys[0])
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_a_bucket_codec_from_configuration_is_applied_by_the_node(node, transport):
+    """compression.bucket_codecs: raw chunks put with their layout are stored compressed by the node, read back exact."""
+    proc, alice, s3 = node
+    layout = kv_layout(64)
+    chunks = kv_chunks(layout, 3, seed=21)
+    keys = keys_for(layout, 3, f"auto-{transport}")
+    payload, _ = _put_and_fetch(proc, alice, "auto", layout, chunks, keys, "none", transport)
+    assert np.array_equal(payload, reference(layout, chunks))
+    stored = s3.get_object(Bucket="auto", Key=keys[0])["Body"].read()
+    assert len(stored) < layout.chunk_bytes and stored[:8] == b"\xff\xff\xff\xffOCKZ" and stored[9] == 1  # codec id 1: zstd
+
+
+def test_a_put_whose_chunks_do_not_match_its_stated_shape_is_refused(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    keys = keys_for(layout, 1, "auto-short")
+
+    async def go():
+        async with client(proc, alice, "auto") as c:
+            await c._put_batch([(keys[0], memoryview(b"\0" * 100))], shape_header(layout))
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.KVChunkSizeMismatch and keys[0] in e.value.message
