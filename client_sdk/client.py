@@ -44,6 +44,7 @@ from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, en
 
 from .buffers import ShmRegion, hand_over
 from .compression import encode_layout_chunk, shape_header
+from .decoding import LayerDecodes, SliceDecoder
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .direct import DirectFrameStream
 from .frames import FrameStream
@@ -113,7 +114,7 @@ class ObjectCacheClient:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
                  shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
-                 open_verbs: Callable[[], VerbsDevice] | None = None) -> None:
+                 open_verbs: Callable[[], VerbsDevice] | None = None, decode_threads: int = 2) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -123,6 +124,9 @@ class ObjectCacheClient:
         self.backoff = backoff
         self.shm_prefault_bytes = shm_prefault_bytes
         self.direct = direct
+        if decode_threads < 1:
+            raise ValueError("decode_threads must be at least 1")
+        self._decoder = SliceDecoder(decode_threads)  # fetch_layers(decode="client"): compressed slices decoded here
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -176,6 +180,7 @@ class ObjectCacheClient:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        await asyncio.to_thread(self._decoder.close)
 
     # -- signed extension requests ------------------------------------------------
     def _signed_headers(self, method: str, url: str, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
@@ -353,7 +358,7 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: Any = None, verify: bool | None = None) -> AsyncIterator[LayerStream]:
+                           out: Any = None, verify: bool | None = None, decode: str = "node") -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -371,7 +376,12 @@ class ObjectCacheClient:
         writes the very pages this process reads. When not verifying, the
         descriptor tells the server not to compute the CRCs at all: a pass
         over every byte that nobody would read.
+        ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers) or
+        ``"client"`` (http only: the node sends them as stored, fewer bytes on the link, and this
+        process decodes them on its own bounded pool, ``decode_threads``).
         """
+        if decode not in ("node", "client"):
+            raise ValueError(f"decode must be 'node' or 'client', not {decode!r}")
         keys = list(keys)
         if not keys:
             raise ValueError("fetch_layers needs at least one key")
@@ -390,7 +400,7 @@ class ObjectCacheClient:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
-                                        layer_checksums=check)
+                                        layer_checksums=check, client_decodes=decode == "client")
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
@@ -406,7 +416,7 @@ class ObjectCacheClient:
             assert resp is not None and dest is not None and frames is not None
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed)
+                                 started, landed, LayerDecodes(self._decoder) if decode == "client" else None, layout.per_layer_chunk_bytes)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:

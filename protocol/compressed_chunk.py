@@ -154,6 +154,28 @@ def decode_header(key: str, data: bytes | memoryview, object_bytes: int, *, laye
     return ChunkHeader(codec, dtype, layout, tuple(offsets), tuple(lengths), tuple(crcs), object_bytes)
 
 
+SLICE_HEAD = struct.Struct("<BBBII")  # an ENCODED frame's slice header: codec, dtype, planes, tokens, channels
+
+
+def pack_slice_head(codec: Codec, dtype: str, layout: SliceLayout) -> bytes:
+    return SLICE_HEAD.pack(codec.id, DTYPE_IDS[dtype], layout.planes, layout.tokens, layout.channels)
+
+
+def unpack_slice_head(key: str, data: bytes | memoryview) -> tuple[Codec, str, SliceLayout]:
+    """An ENCODED frame's slice header; errors name ``key`` (what the frame is for) and the field."""
+    if len(data) < SLICE_HEAD.size:
+        raise bad_chunk(key, "slice_header", f"{len(data)} bytes cannot hold the {SLICE_HEAD.size}-byte slice header")
+    codec_id, dtype_id, planes, tokens, channels = SLICE_HEAD.unpack_from(data)
+    try:
+        codec = codec_by_id(codec_id)
+        layout = SliceLayout(planes, tokens, channels)
+    except CodecError as e:
+        raise bad_chunk(key, e.field, str(e)) from None
+    if dtype_id not in _DTYPE_NAMES:
+        raise bad_chunk(key, "dtype", f"unknown dtype id {dtype_id}")
+    return codec, _DTYPE_NAMES[dtype_id], layout
+
+
 HEADER_KV_LAYOUT = "x-oc-kv-layout"  # kv-put: the chunks' shape, so a bucket's configured codec can be applied by the node
 
 

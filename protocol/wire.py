@@ -52,9 +52,10 @@ class DescriptorFlag(IntFlag):
     """Bits of the descriptor's flags field; unknown bits are refused."""
 
     NO_LAYER_CHECKSUMS = 1  # the client will not verify: LAYER frames carry checksum 0 and no CRC is computed
+    CLIENT_DECODES = 2  # http only: compressed chunks travel as ENCODED frames and the client decodes them
 
 
-_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS)  # a plain int: ~IntFlag only inverts the defined bits
+_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.CLIENT_DECODES)  # a plain int: ~IntFlag only inverts the defined bits
 
 
 class TransportKind(IntEnum):
@@ -86,6 +87,7 @@ class Descriptor:
     delivery: Delivery = Delivery.LAYER_MAJOR
     version: int = DESCRIPTOR_VERSION
     layer_checksums: bool = True  # CRC32C of each layer in its LAYER frame (costs a pass over the bytes)
+    client_decodes: bool = False  # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk) for the client to decode
 
     @property
     def payload_bytes(self) -> int:
@@ -172,7 +174,8 @@ def encode_descriptor(d: Descriptor) -> bytes:
         DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
         d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
         d.target.region_id, d.target.token, d.target.offset, d.target.length,
-        len(d.compute_window), len(p), 0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS,
+        len(d.compute_window), len(p),
+        (0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS) | (DescriptorFlag.CLIENT_DECODES if d.client_decodes else 0),
     )
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
     return head + p + window + "\n".join(k[n:] for k in d.chunk_keys).encode()
@@ -207,6 +210,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad(name, str(e)) from None
     if flags & ~_KNOWN_FLAGS:
         raise _bad("flags", f"unknown flag bits {flags:#06x}")
+    if flags & DescriptorFlag.CLIENT_DECODES and transport_v != TransportKind.HTTP:
+        raise _bad("flags", "CLIENT_DECODES needs the http transport (the server writes decoded layers into shm and rdma memory)")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -238,7 +243,7 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
-                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS)
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, bool(flags & DescriptorFlag.CLIENT_DECODES))
 
 
 # --- put batches ------------------------------------------------------------------
@@ -293,6 +298,10 @@ class FrameType(IntEnum):
     LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C (0 if the descriptor waived it)
     END = 3  # payload: JSON statistics
     ERROR = 4  # payload: JSON S3 error
+    # One chunk's layer slice as stored (descriptor flag CLIENT_DECODES): payload = a slice header
+    # (protocol.compressed_chunk.SLICE_HEAD) and the encoded bytes; it decodes to [offset, offset + S) of the
+    # destination; checksum = CRC32C of the encoded bytes. The layer's LAYER frame then carries checksum 0.
+    ENCODED = 5
 
 
 FRAME = struct.Struct("<BBHIQQI")  # type, flags, reserved, layer, offset, length, checksum
@@ -309,7 +318,7 @@ class Frame:
 
     @property
     def has_payload(self) -> bool:
-        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR)
+        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR, FrameType.ENCODED)
 
 
 def pack_frame(ftype: FrameType, layer: int = 0, offset: int = 0, length: int = 0, checksum: int = 0) -> bytes:

@@ -13,8 +13,20 @@ import os
 
 from awscrt.checksums import crc32c
 
-from protocol.codecs import CodecError, codec_by_name
-from protocol.compressed_chunk import FIXED_HEADER_BYTES, HEADER_KV_LAYOUT, MAGIC, ChunkHeader, ChunkShape, bad_chunk, decode_header, encode_chunk, head_of, is_compressed
+from protocol.codecs import NONE, CodecError, SliceLayout, codec_by_name
+from protocol.compressed_chunk import (
+    FIXED_HEADER_BYTES,
+    HEADER_KV_LAYOUT,
+    MAGIC,
+    ChunkHeader,
+    ChunkShape,
+    bad_chunk,
+    decode_header,
+    encode_chunk,
+    head_of,
+    is_compressed,
+    pack_slice_head,
+)
 from protocol.config import CompressionConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor
@@ -86,4 +98,27 @@ def encode_puts(items: list[tuple[str, memoryview]], shape: ChunkShape, codec: s
             raise S3Error(ErrorCode.InvalidArgument, f"chunk {key!r}: {codec} cannot encode it: {e}",
                           extra={"Key": key, "Field": e.field}) from None
         out.append((key, memoryview(encoded)))
+    return out
+
+
+def read_encoded(fds: list[int], offsets: list[int], headers: list[ChunkHeader | None], keys: list[str], layer: int, first: int, last: int,
+                 s: int) -> list[tuple[bytes, int]]:
+    """Layer ``layer`` of chunks first..last-1 as stored, for a client that decodes (descriptor flag CLIENT_DECODES):
+    per chunk an ENCODED frame's payload (slice header + encoded bytes) and the CRC32C of the encoded bytes
+    (the stored one for a compressed chunk; a raw chunk's slice goes as codec ``none``)."""
+    out = []
+    for j in range(first, last):
+        h = headers[j]
+        if h is None:
+            head = pack_slice_head(NONE, "float16", SliceLayout.flat(s // 2))  # S = 2·G·n_kv·d·p is even
+            buf = bytearray(len(head) + s)
+            _pread_exact(fds[j], memoryview(buf)[len(head):], offsets[j] + layer * s, f"chunk {keys[j]!r}")
+            buf[: len(head)] = head
+            out.append((bytes(buf), crc32c(memoryview(buf)[len(head):])))
+        else:
+            head = pack_slice_head(h.codec, h.dtype, h.layout)
+            buf = bytearray(len(head) + h.lengths[layer])
+            _pread_exact(fds[j], memoryview(buf)[len(head):], offsets[j] + h.offsets[layer], f"chunk {keys[j]!r}")
+            buf[: len(head)] = head
+            out.append((bytes(buf), h.crcs[layer]))
     return out

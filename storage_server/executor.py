@@ -32,7 +32,7 @@ from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
-from .compressed_reads import ChunkHeader
+from .compressed_reads import ChunkHeader, read_encoded
 from .decode_pipeline import DecodePipeline
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .residency import read_ahead, read_ahead_budget, resident_fraction
@@ -225,7 +225,9 @@ class Executor:
         d = plan.descriptor
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        if plan.headers is not None:  # compressed chunks: read + decode on the pool (no O_DIRECT groups, no L·S read-ahead)
+        if d.client_decodes:  # http: slices as stored, the client decodes
+            return await self._run_encoded(plan, transport, pacer, started)
+        if plan.headers is not None:  # compressed chunks: the decode pipeline (no O_DIRECT groups, no L·S read-ahead)
             return await self._run(plan, transport, pacer, started)
         resident = resident_fraction(plan.fds, plan.offsets)
         files = self._direct_files(plan, transport, resident)
@@ -248,6 +250,38 @@ class Executor:
             read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
         stats.resident_sample, stats.read_ahead_bytes = resident, read_ahead_bytes
         return stats
+
+    async def _run_encoded(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
+        """Layer by layer, pieces of ``plan.piece_chunks`` chunks: each chunk's slice read as stored and sent as an
+        ENCODED frame, then the layer's LAYER frame (checksum 0: each ENCODED frame carries its own)."""
+        d = plan.descriptor
+        loop = asyncio.get_running_loop()
+        n, k, s = len(plan.fds), max(1, plan.piece_chunks), d.per_layer_chunk_bytes
+        headers = plan.headers or [None] * n
+        timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
+        read_s = deliver_s = 0.0
+        for layer in range(d.num_layers):
+            if pacer is not None:
+                await pacer.before_layer(d.layer_bytes)
+            t0 = time.perf_counter()
+            timeline[layer][0] = t0 - started
+            try:
+                for first in range(0, n, k):
+                    t = time.perf_counter()
+                    slices = await loop.run_in_executor(self.pool, read_encoded, plan.fds, plan.offsets, headers, d.chunk_keys, layer,
+                                                        first, min(first + k, n), s)
+                    read_s += time.perf_counter() - t
+                    t = time.perf_counter()
+                    for j, (payload, crc) in enumerate(slices, first):
+                        await transport.deliver_encoded(layer, j, payload, crc)
+                    deliver_s += time.perf_counter() - t
+            finally:
+                if pacer is not None:
+                    pacer.after_layer()
+            timeline[layer][1] = time.perf_counter() - started
+            await transport.layer_ready(layer, 0)
+            timeline[layer][2] = time.perf_counter() - started
+        return _stats(plan, timeline, read_s, deliver_s, started, timeline[0][2] if timeline else 0.0)
 
     def _direct_files(self, plan: ReadPlan, transport: Transport, resident: float) -> DirectFiles | None:
         """O_DIRECT descriptors when this transfer should read past the page cache, else None (the budgeter).
