@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from protocol.compressed_chunk import MAGIC as COMPRESSED_MAGIC
 from protocol.compressed_chunk import ChunkShape
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
@@ -149,7 +150,8 @@ class KVService:
     async def put(self, call: RpcCall) -> Reply:
         bucket, tenant = call.field("bucket"), call.field("tenant")
         items = decode_put_batch(call.body)
-        check_puts(bucket, items, self.config.compression)
+        if any(bytes(data[:8]) == COMPRESSED_MAGIC for _, data in items):  # their CRCs off the loop
+            await asyncio.get_running_loop().run_in_executor(self.executor.pool, check_puts, bucket, items, self.config.compression)
         codec = self.config.compression.codec_for(bucket)
         if codec != "none" and (shape := call.request.fields.get("kv_layout")):
             items = await asyncio.get_running_loop().run_in_executor(
@@ -233,7 +235,7 @@ class KVService:
         try:
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
-            headers = await asyncio.get_running_loop().run_in_executor(
+            headers = None if all(size == d.chunk_object_bytes for size in pinned.sizes) else await asyncio.get_running_loop().run_in_executor(
                 self.executor.pool, read_headers, d, pinned.fds, pinned.offsets, pinned.sizes)
             forecast = self._forecast(snapshot, d, pinned.paths or {"local": sum(pinned.sizes)})
             plan = plan_transfer(
