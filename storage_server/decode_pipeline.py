@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -61,6 +63,38 @@ class Piece:
     mid_at: list[int]  # per chunk: offset in slot.mid (-1: no lossy stage)
 
 
+STAGES = ("fetch", "decompress", "dequantise")
+
+
+@dataclass
+class StageMeter:
+    """What one stage did: decoded bytes it handled and the thread-seconds it took (so GB/s per worker)."""
+
+    bytes: int = 0
+    busy_s: float = 0.0
+    pieces: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.busy_s += seconds
+            self.pieces += 1
+
+    def describe(self, workers: int) -> dict[str, float | int]:
+        return {"workers": workers, "pieces": self.pieces, "bytes": self.bytes, "busy_s": round(self.busy_s, 6),
+                "gbps_per_worker": round(self.bytes * 8 / self.busy_s / 1e9, 3) if self.busy_s > 0 else 0.0}
+
+
+def _timed(meter: StageMeter, nbytes: int, fn, *args):
+    """Run a stage function on its pool thread, counting its bytes and time."""
+    t = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        meter.add(nbytes, time.perf_counter() - t)
+
+
 class DecodePipeline:
     """Three bounded stage pools shared by every transfer of this server; see the module docstring."""
 
@@ -71,8 +105,15 @@ class DecodePipeline:
         self.dequantise_pool = ThreadPoolExecutor(max_workers=dequantise_threads, thread_name_prefix="kv-dequantise")
         self.piece_bytes = piece_bytes
         self.slots = [Slot() for _ in range(fetch_workers + decompress_threads + dequantise_threads)]
+        self.workers = {"fetch": fetch_workers, "decompress": decompress_threads, "dequantise": dequantise_threads}
+        self.meters = {stage: StageMeter() for stage in STAGES}
         self._free: asyncio.Queue[Slot] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def status(self) -> dict[str, dict[str, float | int]]:
+        """Per stage since start: pieces, decoded bytes, thread-seconds and GB/s per worker (the measured throughput
+        to size ``compression.decompress_threads`` / ``dequantise_threads`` by: the slowest stage bounds the pipeline)."""
+        return {stage: self.meters[stage].describe(self.workers[stage]) for stage in STAGES}
 
     def close(self) -> None:
         self.decompress_pool.shutdown(wait=True)
@@ -130,9 +171,11 @@ class DecodePipeline:
             mid = sum(headers[j].codec.intermediate_size(headers[j].dtype, headers[j].layout)
                       for j, at in zip(range(p.a, p.b), p.mid_at) if at >= 0)
             slot.ensure(enc, mid)
-            await loop.run_in_executor(self.fetch_pool, _fetch, fds, offsets, headers, keys, p, s, dest, slot)
-            await loop.run_in_executor(self.decompress_pool, _decompress, headers, keys, p, s, dest, slot)
-            return await loop.run_in_executor(self.dequantise_pool, _dequantise, headers, keys, p, s, dest, slot, checksum)
+            n, m = (p.b - p.a) * s, self.meters
+            await loop.run_in_executor(self.fetch_pool, _timed, m["fetch"], n, _fetch, fds, offsets, headers, keys, p, s, dest, slot)
+            await loop.run_in_executor(self.decompress_pool, _timed, m["decompress"], n, _decompress, headers, keys, p, s, dest, slot)
+            return await loop.run_in_executor(self.dequantise_pool, _timed, m["dequantise"], n, _dequantise, headers, keys, p, s, dest, slot,
+                                              checksum)
         finally:
             free.put_nowait(slot)
 

@@ -340,6 +340,7 @@ class KVService:
             "http_staging": self.staging.status(),
             "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
+            "decode_pipeline": self.executor.decoder.status(),
         }
 
     async def stop_transfers(self) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from botocore.exceptions import ClientError
 from compressionsupport import kv_chunks, kv_layout
-from kvsupport import TRANSPORTS, client, keys_for, reference, run
+from kvsupport import TRANSPORTS, client, keys_for, reference, rpc, run
 from support import ServerProcess, boto_client, make_tenants, write_config
 
 from client_sdk.compression import shape_header
@@ -28,6 +28,7 @@ def node(tmp_path_factory):
                                 '# several pieces per layer through the decode stages, one worker each\n'
                                 'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n')
     proc = ServerProcess(config).start()
+    proc.rpc_socket = str(root / "ss.sock")
     s3 = boto_client(proc.endpoint, people[0])
     for bucket in ("kvz", "lossy", "strict", "auto"):
         s3.create_bucket(Bucket=bucket)
@@ -51,8 +52,10 @@ def test_lossless_chunks_are_byte_exact_after_node_decode(node, transport, chunk
     n = 6
     chunks = kv_chunks(layout, n, seed=chunk_tokens)
     keys = keys_for(layout, n, f"zstd-{transport}-{chunk_tokens}")
+    before = rpc(proc.rpc_socket, "status")["decode_pipeline"]["decompress"]["pieces"]
     payload, stats = _put_and_fetch(proc, alice, "kvz", layout, chunks, keys, "zstd", transport)
     assert np.array_equal(payload, reference(layout, chunks))
+    assert rpc(proc.rpc_socket, "status")["decode_pipeline"]["decompress"]["pieces"] > before  # decoded by the node's pipeline
     stored = s3.head_object(Bucket="kvz", Key=keys[0])["ContentLength"]
     assert stored < layout.chunk_bytes  # stored compressed: an ordinary object of its own size
     listed = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="kvz", Prefix=keys[0])["Contents"]}

@@ -51,6 +51,9 @@ def test_layers_decode_exactly_with_their_crc(stored):
         for layer in range(LAYOUT.num_layers):
             dest = memoryview(bytearray(12 * S))
             crc = asyncio.run(pipe.decode(fds, [0] * 12, headers, keys, layer, 0, 12, S, dest, True))
+            status = pipe.status()
+            assert [status[st]["pieces"] for st in ("fetch", "decompress", "dequantise")] == [6 * (layer + 1)] * 3
+            assert status["decompress"]["bytes"] == 12 * S * (layer + 1) and status["decompress"]["busy_s"] > 0
             assert crc == crc32c(dest)
             for j in range(12):
                 got = np.frombuffer(dest[j * S : (j + 1) * S], np.uint8)
