@@ -96,6 +96,12 @@ def encode_chunk(layer_slices: list, codec: Codec, dtype: str, layout: SliceLayo
     return b"".join([head, *table, *blobs, b"\0" * pad])
 
 
+def max_compressed_bytes(raw_bytes: int) -> int:
+    """The largest compressed chunk of a raw ``raw_bytes``-byte chunk any codec writes (``none`` adds the header, zstd
+    stores planes it cannot shrink, plus 21 bytes a layer): a bound for a reader that knows only L·S."""
+    return raw_bytes + header_bytes(MAX_LAYERS) + 32 * MAX_LAYERS + 1
+
+
 def is_compressed(size: int, layers: int, slice_bytes: int) -> bool:
     """Whether an object of ``size`` bytes must be a compressed chunk (a raw one is exactly L·S)."""
     return size != layers * slice_bytes
