@@ -58,8 +58,8 @@ class SyncObjectCacheClient:
     def ensure_bucket(self) -> None:
         self._call(self.client.ensure_bucket())
 
-    def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None) -> int:
-        return self._call(self.client.put_chunks(keys, chunks, layout))
+    def put_chunks(self, keys: Sequence[str], chunks: Sequence[Any], layout: KVLayout | None = None, *, codec: str = "none") -> int:
+        return self._call(self.client.put_chunks(keys, chunks, layout, codec=codec))
 
     def lookup(self, keys: Sequence[str]) -> int:
         return self._call(self.client.lookup(keys))

@@ -243,3 +243,20 @@ def test_client_decoding_is_http_only(node):
     with pytest.raises(S3Error) as e:
         run(go())
     assert e.value.code == ErrorCode.KVInvalidDescriptor and "flags" in e.value.message
+
+
+def test_the_sync_client_puts_compressed_and_fetches_decoded(node):
+    from client_sdk.sync import SyncObjectCacheClient
+
+    proc, alice, s3 = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 3, seed=61)
+    keys = keys_for(layout, 3, "sync")
+    c = SyncObjectCacheClient(proc.endpoint, alice.access_key, alice.secret_key, "kvz")
+    try:
+        assert c.put_chunks(keys, chunks, layout, codec="zstd") == 3
+        assert s3.head_object(Bucket="kvz", Key=keys[0])["ContentLength"] < layout.chunk_bytes
+        payload, _ = c.fetch(keys, layout, "http", decode="client")
+        assert np.array_equal(payload, reference(layout, chunks))
+    finally:
+        c.close()
