@@ -14,6 +14,10 @@ delivered strictly in order.
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
 iovecs land its L slices at their layer-major places (mapped chunks: one
 ``np.take`` per layer); all notifications come at the end.
+
+Compressed chunks (``ReadPlan.headers``) are read and decoded by the staged
+:mod:`storage_server.decode_pipeline` into the same places, or, for a client
+that decodes (``Descriptor.client_decodes``), sent as stored in ENCODED frames.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class ReadPlan:
     rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
     first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
     # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
-    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: reads decode on the pool.
+    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: the decode pipeline reads them.
     headers: list[ChunkHeader | None] | None = None
 
     @classmethod
