@@ -152,7 +152,11 @@ class DecodePipeline:
         (0 unless ``checksum``)."""
         work = [asyncio.ensure_future(self._piece(fds, offsets, headers, keys, p, s, dest, checksum))
                 for p in self.pieces(headers, layer, first, last, s)]
-        results = await asyncio.gather(*work, return_exceptions=True)  # every piece done: none still writes
+        try:
+            results = await asyncio.gather(*work, return_exceptions=True)  # every piece done: none still writes
+        except asyncio.CancelledError:  # the client left: the transport's buffer is freed only once no stage writes into it
+            await _settled(asyncio.wait(work))
+            raise
         for r in results:
             if isinstance(r, BaseException):
                 raise r
@@ -172,12 +176,30 @@ class DecodePipeline:
                       for j, at in zip(range(p.a, p.b), p.mid_at) if at >= 0)
             slot.ensure(enc, mid)
             n, m = (p.b - p.a) * s, self.meters
-            await loop.run_in_executor(self.fetch_pool, _timed, m["fetch"], n, _fetch, fds, offsets, headers, keys, p, s, dest, slot)
-            await loop.run_in_executor(self.decompress_pool, _timed, m["decompress"], n, _decompress, headers, keys, p, s, dest, slot)
-            return await loop.run_in_executor(self.dequantise_pool, _timed, m["dequantise"], n, _dequantise, headers, keys, p, s, dest, slot,
-                                              checksum)
+            await _settled(loop.run_in_executor(self.fetch_pool, _timed, m["fetch"], n, _fetch, fds, offsets, headers, keys, p, s, dest, slot))
+            await _settled(loop.run_in_executor(self.decompress_pool, _timed, m["decompress"], n, _decompress, headers, keys, p, s, dest, slot))
+            return await _settled(loop.run_in_executor(self.dequantise_pool, _timed, m["dequantise"], n, _dequantise, headers, keys, p, s,
+                                                       dest, slot, checksum))
         finally:
-            free.put_nowait(slot)
+            free.put_nowait(slot)  # only once its stage's thread has returned: no late write into a slot another piece holds
+
+
+async def _settled(awaitable):
+    """Await ``awaitable`` to its end even if this task is cancelled meanwhile (a stage's thread cannot be stopped:
+    returning early would let the caller free or reuse memory it still writes); then re-raise the cancellation."""
+    fut = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
 
 
 def _read(fd: int, view: memoryview, offset: int, what: str) -> None:

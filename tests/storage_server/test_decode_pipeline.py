@@ -109,3 +109,38 @@ def test_a_corrupt_slice_fails_the_layer_naming_its_key_after_every_piece_stoppe
     assert e.value.code == ErrorCode.KVInvalidCompressedChunk and e.value.extra["Key"] == "k4"
     assert "layers[1].crc32c" in e.value.message
     assert running == [len(pipe.slots)]  # every slot back: no stage still holds a buffer
+
+
+def test_a_cancelled_decode_returns_only_once_no_stage_writes(stored, monkeypatch):
+    """The client leaves mid-layer: the cancelled decode does not return while a stage thread still runs (it would
+    write into a buffer the transport frees, or a slot the next piece takes)."""
+    fds, headers, keys, _, _ = stored
+    release, entered, running = threading.Event(), threading.Event(), []
+    real_decompress = decode_pipeline._decompress
+
+    def slow_decompress(*args):
+        running.append(1)
+        entered.set()
+        release.wait(10)
+        try:
+            return real_decompress(*args)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(decode_pipeline, "_decompress", slow_decompress)
+
+    async def scenario(pipe):
+        dest = memoryview(bytearray(12 * S))
+        task = asyncio.ensure_future(pipe.decode(fds, [0] * 12, headers, keys, 0, 0, 12, S, dest, False))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+        task.cancel()
+        threading.Timer(0.3, release.set).start()  # the stage finishes a moment after the cancel
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return list(running), pipe._free.qsize()
+
+    with ThreadPoolExecutor(1) as pool:
+        pipe = _pipeline(pool)
+        still_running, free = asyncio.run(scenario(pipe))
+        pipe.close()
+    assert still_running == [] and free == len(pipe.slots)
