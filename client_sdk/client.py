@@ -396,6 +396,7 @@ class ObjectCacheClient:
         resp = None
         frames: FrameStream | DirectFrameStream | None = None
         dest: Destination | None = None
+        decodes = LayerDecodes(self._decoder) if decode == "client" else None
         try:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
@@ -416,7 +417,7 @@ class ObjectCacheClient:
             assert resp is not None and dest is not None and frames is not None
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed, LayerDecodes(self._decoder) if decode == "client" else None, layout.per_layer_chunk_bytes)
+                                 started, landed, decodes, layout.per_layer_chunk_bytes)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
@@ -426,6 +427,8 @@ class ObjectCacheClient:
                 frames.close()
             if resp is not None:
                 resp.release()
+            if decodes is not None:
+                await decodes.drain()  # no decode thread still writes into the destination once it is released
             if dest is not None:
                 destinations.release(dest)
 

@@ -10,6 +10,7 @@ cannot outrun the decoders without bound.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -58,12 +59,20 @@ class LayerDecodes:
     def __init__(self, decoder: SliceDecoder) -> None:
         self.decoder = decoder
         self.pending: list[asyncio.Future] = []
+        self._threads: list[concurrent.futures.Future] = []  # the same work, as the pool sees it (for drain)
 
     async def start(self, what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
         if len(self.pending) >= 2 * self.decoder.threads:
             await self.pending.pop(0)  # bounded: wait for the oldest before taking more bytes in
-        loop = asyncio.get_running_loop()
-        self.pending.append(loop.run_in_executor(self.decoder.pool(), decode_slice, what, payload, dest, checksum))
+        work = self.decoder.pool().submit(decode_slice, what, payload, dest, checksum)
+        self._threads = [f for f in self._threads if not f.done()] + [work]
+        self.pending.append(asyncio.wrap_future(work))
+
+    async def drain(self) -> None:
+        """Wait until no decode thread writes any more (errors ignored): before the destination is released or reused,
+        even when the caller left early or was cancelled."""
+        if self._threads:
+            await asyncio.shield(asyncio.to_thread(concurrent.futures.wait, list(self._threads)))
 
     async def finish(self) -> None:
         """Every decode started so far, done; the first failure raised only once none is still writing."""

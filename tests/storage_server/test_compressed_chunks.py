@@ -260,3 +260,42 @@ def test_the_sync_client_puts_compressed_and_fetches_decoded(node):
         assert np.array_equal(payload, reference(layout, chunks))
     finally:
         c.close()
+
+
+def test_a_cancelled_client_decode_leaves_no_thread_writing_into_the_destination(node, monkeypatch):
+    import asyncio
+    import threading
+
+    from client_sdk import decoding
+
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 4, seed=71)
+    keys = keys_for(layout, 4, "sdk-cancel")
+    run(_put_client(proc, alice, keys, chunks, layout))
+    entered, release, running = threading.Event(), threading.Event(), []
+    real = decoding.decode_slice
+
+    def slow(*args):
+        running.append(1)
+        entered.set()
+        release.wait(10)
+        try:
+            return real(*args)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(decoding, "decode_slice", slow)
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            task = asyncio.ensure_future(c.fetch(keys, layout, "http", decode="client"))
+            await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+            task.cancel()
+            threading.Timer(0.3, release.set).start()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return list(running)
+    assert run(go()) == []
