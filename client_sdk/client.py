@@ -44,7 +44,8 @@ from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
 
 from .buffers import ShmRegion, hand_over
-from .compression import encode_layout_chunk
+from .compression import encode_layout_chunk, shape_header
+from .decoding import LayerDecodes, SliceDecoder
 from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
 from .direct import DirectFrameStream
 from .frames import FrameStream
@@ -119,7 +120,8 @@ class ObjectCacheClient:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
                  shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
-                 open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool = False) -> None:
+                 open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool = False,
+                 decode_threads: int = 2) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -129,6 +131,9 @@ class ObjectCacheClient:
         self.backoff = backoff
         self.shm_prefault_bytes = shm_prefault_bytes
         self.direct = direct
+        if decode_threads < 1:
+            raise ValueError("decode_threads must be at least 1")
+        self._decoder = SliceDecoder(decode_threads)  # fetch_layers(decode="client"): compressed slices decoded here
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -183,6 +188,7 @@ class ObjectCacheClient:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        await asyncio.to_thread(self._decoder.close)
 
     # -- signed extension requests ------------------------------------------------
     def _signed_headers(self, method: str, url: str, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
@@ -334,22 +340,24 @@ class ObjectCacheClient:
             if codec != "none":
                 mv = memoryview(await asyncio.to_thread(encode_layout_chunk, mv, layout, codec))
             views.append((key, mv))
+        headers = shape_header(layout) if layout is not None and codec == "none" else None  # the bucket's codec may apply
+        if soft_pin_s:
+            headers = {**(headers or {}), HEADER_SOFT_PIN_TTL: f"{soft_pin_s:g}"}
         batch: list[tuple[str, memoryview]] = []
         size = 0
         for item in views:
             batch.append(item)
             size += item[1].nbytes
             if size >= PUT_BATCH_BYTES:
-                await self._put_batch(batch, soft_pin_s)
+                await self._put_batch(batch, headers)
                 batch, size = [], 0
         if batch:
-            await self._put_batch(batch, soft_pin_s)
+            await self._put_batch(batch, headers)
         return len(views)
 
-    async def _put_batch(self, batch: list[tuple[str, memoryview]], soft_pin_s: float = 0.0) -> None:
+    async def _put_batch(self, batch: list[tuple[str, memoryview]], headers: dict[str, str] | None = None) -> None:
         body = encode_put_batch(batch)  # a list of views: each attempt sends it afresh
-        extra = {HEADER_SOFT_PIN_TTL: f"{soft_pin_s:g}"} if soft_pin_s else None
-        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body, extra_headers=extra))
+        await self._retrying(f"kv-put of {len(batch)} chunk(s)", lambda: self._post(f"/{self.bucket}", KVOp.PUT, body, extra_headers=headers))
 
     async def lookup(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the longest cached prefix, in chunks."""
@@ -369,7 +377,8 @@ class ObjectCacheClient:
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: Any = None, verify: bool | None = None, load_budget_s: float = 0.0) -> AsyncIterator[LayerStream]:
+                           out: Any = None, verify: bool | None = None, load_budget_s: float = 0.0,
+                           decode: str = "node") -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -391,7 +400,12 @@ class ObjectCacheClient:
         transfer with ``KVLoadBudgetExceeded`` at the first layer it expects to
         start later than this after it received the kv-get (the layers before
         it are delivered); the caller recomputes the rest.
+        ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers) or
+        ``"client"`` (http only: the node sends them as stored, fewer bytes on the link, and this
+        process decodes them on its own bounded pool, ``decode_threads``).
         """
+        if decode not in ("node", "client"):
+            raise ValueError(f"decode must be 'node' or 'client', not {decode!r}")
         keys = list(keys)
         if not keys:
             raise ValueError("fetch_layers needs at least one key")
@@ -406,11 +420,12 @@ class ObjectCacheClient:
         resp = None
         frames: FrameStream | DirectFrameStream | None = None
         dest: Destination | None = None
+        decodes = LayerDecodes(self._decoder) if decode == "client" else None
         try:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
-                                        layer_checksums=check, load_budget_s=load_budget_s)
+                                        layer_checksums=check, load_budget_s=load_budget_s, client_decodes=decode == "client")
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
@@ -426,7 +441,7 @@ class ObjectCacheClient:
             assert resp is not None and dest is not None and frames is not None
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed)
+                                 started, landed, decodes, layout.per_layer_chunk_bytes)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
@@ -436,6 +451,8 @@ class ObjectCacheClient:
                 frames.close()
             if resp is not None:
                 resp.release()
+            if decodes is not None:
+                await decodes.drain()  # no decode thread still writes into the destination once it is released
             if dest is not None:
                 destinations.release(dest)
 

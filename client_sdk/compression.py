@@ -8,7 +8,7 @@ Lossy codecs are accepted only in buckets the node's ``[compression]`` configura
 from __future__ import annotations
 
 from protocol.codecs import DTYPES, SliceLayout, codec_by_name
-from protocol.compressed_chunk import encode_chunk
+from protocol.compressed_chunk import HEADER_KV_LAYOUT, ChunkShape, encode_chunk
 
 from .layout import KVLayout
 
@@ -25,3 +25,10 @@ def encode_layout_chunk(chunk: memoryview, layout: KVLayout, codec: str) -> byte
     s = layout.per_layer_chunk_bytes
     return encode_chunk([chunk[i * s : (i + 1) * s] for i in range(layout.num_layers)], codec_by_name(codec), layout.dtype,
                         slice_layout(layout))
+
+
+def shape_header(layout: KVLayout) -> dict[str, str] | None:
+    """The kv-put header stating the chunks' shape (float layouts only), so the node can apply the bucket's codec."""
+    if layout.dtype not in DTYPES:
+        return None
+    return {HEADER_KV_LAYOUT: ChunkShape(layout.num_layers, layout.dtype, slice_layout(layout)).to_header()}

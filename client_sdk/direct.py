@@ -119,6 +119,12 @@ class DirectFrameStream:
             await self.read_into(memoryview(head)[got:], FRAME_SIZE - got)
         return unpack_frame(bytes(head))
 
+    async def read_payload(self, n: int) -> bytearray:
+        """A frame's ``n`` payload bytes, in a buffer of their own (an ENCODED slice, kept until it is decoded)."""
+        buf = bytearray(n)
+        await self.read_into(memoryview(buf), n)
+        return buf
+
     async def read_json(self, frame: Frame) -> dict:
         return json.loads(await self._read_exact(frame.length))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -12,8 +13,9 @@ from awscrt.checksums import crc32c
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES
-from protocol.wire import FrameType, TransferStats
+from protocol.wire import Frame, FrameType, TransferStats
 
+from .decoding import LayerDecodes
 from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
@@ -84,14 +86,17 @@ class LayerStream:
     """
 
     def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
-                 num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None,
+                 decodes: LayerDecodes | None = None, slice_bytes: int = 0) -> None:
         self._frames = frames
+        self._decodes = decodes  # decode="client": ENCODED frames decoded here, slices of slice_bytes
+        self._slice_bytes = slice_bytes
         self._landed = landed
         self.payload = payload
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
         self.verify = verify
-        self._digests = LayerDigests(layer_bytes) if verify and layer_bytes else None
+        self._digests = LayerDigests(layer_bytes) if verify and layer_bytes and decodes is None else None
         self._next = 0
         self._done = False
         self._started = started
@@ -138,9 +143,13 @@ class LayerStream:
                 if digests is not None:
                     digests.start(start)
                 await self._frames.read_into(self.payload[start : start + frame.length], frame.length, digests.received if digests else None)
+            elif frame.type == FrameType.ENCODED:
+                await self._encoded(frame)
             elif frame.type == FrameType.LAYER:
                 if frame.layer != self._next:
                     raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
+                if self._decodes is not None:
+                    await self._decodes.finish()  # the layer is handed out only once every slice of it is decoded
                 if self._landed is not None:
                     await self._landed(frame.layer)
                 view = self.layer(frame.layer)
@@ -157,5 +166,19 @@ class LayerStream:
                     raise S3Error(ErrorCode.InternalError, f"END after {self._next} of {self.num_layers} layers")
             elif frame.type == FrameType.ERROR:
                 self._done = True
+                if self._decodes is not None:
+                    await asyncio.gather(*self._decodes.pending, return_exceptions=True)
                 raise S3Error.from_dict(await self._frames.read_json(frame))
         raise StopAsyncIteration
+
+    async def _encoded(self, frame: Frame) -> None:
+        """An ENCODED frame: its slice decoded into ``[offset, offset + S)`` on the decode pool."""
+        s = self._slice_bytes
+        start = frame.offset
+        if self._decodes is None or s <= 0:
+            raise S3Error(ErrorCode.InternalError, "ENCODED frame in a kv-get that did not ask to decode")
+        if start < 0 or start % s or start + s > len(self.payload) or start // self.layer_bytes != frame.layer:
+            raise S3Error(ErrorCode.InternalError, f"ENCODED frame at {start} is not a slice of layer {frame.layer} in the destination")
+        payload = await self._frames.read_payload(frame.length)
+        what = f"layer {frame.layer} chunk #{(start % self.layer_bytes) // s}"
+        await self._decodes.start(what, payload, self.payload[start : start + s], frame.checksum if self.verify else None)

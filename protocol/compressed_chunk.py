@@ -96,6 +96,12 @@ def encode_chunk(layer_slices: list, codec: Codec, dtype: str, layout: SliceLayo
     return b"".join([head, *table, *blobs, b"\0" * pad])
 
 
+def max_compressed_bytes(raw_bytes: int) -> int:
+    """The largest compressed chunk of a raw ``raw_bytes``-byte chunk any codec writes (``none`` adds the header, zstd
+    stores planes it cannot shrink, plus 21 bytes a layer): a bound for a reader that knows only L·S."""
+    return raw_bytes + header_bytes(MAX_LAYERS) + 32 * MAX_LAYERS + 1
+
+
 def is_compressed(size: int, layers: int, slice_bytes: int) -> bool:
     """Whether an object of ``size`` bytes must be a compressed chunk (a raw one is exactly L·S)."""
     return size != layers * slice_bytes
@@ -152,6 +158,73 @@ def decode_header(key: str, data: bytes | memoryview, object_bytes: int, *, laye
     if pos + pad != object_bytes:
         raise bad_chunk(key, "length", f"the layers end at {pos} (+{pad} pad), the object is {object_bytes} bytes")
     return ChunkHeader(codec, dtype, layout, tuple(offsets), tuple(lengths), tuple(crcs), object_bytes)
+
+
+SLICE_HEAD = struct.Struct("<BBBII")  # an ENCODED frame's slice header: codec, dtype, planes, tokens, channels
+
+
+def pack_slice_head(codec: Codec, dtype: str, layout: SliceLayout) -> bytes:
+    return SLICE_HEAD.pack(codec.id, DTYPE_IDS[dtype], layout.planes, layout.tokens, layout.channels)
+
+
+def unpack_slice_head(key: str, data: bytes | memoryview) -> tuple[Codec, str, SliceLayout]:
+    """An ENCODED frame's slice header; errors name ``key`` (what the frame is for) and the field."""
+    if len(data) < SLICE_HEAD.size:
+        raise bad_chunk(key, "slice_header", f"{len(data)} bytes cannot hold the {SLICE_HEAD.size}-byte slice header")
+    codec_id, dtype_id, planes, tokens, channels = SLICE_HEAD.unpack_from(data)
+    try:
+        codec = codec_by_id(codec_id)
+        layout = SliceLayout(planes, tokens, channels)
+    except CodecError as e:
+        raise bad_chunk(key, e.field, str(e)) from None
+    if dtype_id not in _DTYPE_NAMES:
+        raise bad_chunk(key, "dtype", f"unknown dtype id {dtype_id}")
+    return codec, _DTYPE_NAMES[dtype_id], layout
+
+
+HEADER_KV_LAYOUT = "x-oc-kv-layout"  # kv-put: the chunks' shape, so a bucket's configured codec can be applied by the node
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """What a kv-put says of its raw chunks: L layer slices of ``layout`` in ``dtype`` (header
+    ``x-oc-kv-layout: layers=L;planes=2;tokens=G;channels=C;dtype=bfloat16``)."""
+
+    layers: int
+    dtype: str
+    layout: SliceLayout
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.layers * self.layout.nbytes(self.dtype)
+
+    def to_header(self) -> str:
+        sl = self.layout
+        return f"layers={self.layers};planes={sl.planes};tokens={sl.tokens};channels={sl.channels};dtype={self.dtype}"
+
+    @classmethod
+    def from_header(cls, value: str) -> "ChunkShape":
+        """Strict: every field once, nothing else; errors name the header and the field."""
+        def bad(field: str, why: str) -> S3Error:
+            return S3Error(ErrorCode.InvalidArgument, f"{HEADER_KV_LAYOUT}: {field}: {why}", extra={"ArgumentName": HEADER_KV_LAYOUT, "Field": field})
+
+        parts = dict(p.partition("=")[::2] for p in value.split(";"))
+        if set(parts) != {"layers", "planes", "tokens", "channels", "dtype"} or len(parts) != len(value.split(";")):
+            raise bad("fields", f"{value!r} must give layers, planes, tokens, channels and dtype once each")
+        numbers = {}
+        for name in ("layers", "planes", "tokens", "channels"):
+            if not parts[name].isdigit() or not 0 < int(parts[name]) <= 1 << 24:
+                raise bad(name, f"{parts[name]!r} is not a positive integer")
+            numbers[name] = int(parts[name])
+        if parts["dtype"] not in DTYPE_IDS:
+            raise bad("dtype", f"{parts['dtype']!r} is not one of {', '.join(DTYPE_IDS)}")
+        if numbers["layers"] > MAX_LAYERS:
+            raise bad("layers", f"more than {MAX_LAYERS}")
+        try:
+            layout = SliceLayout(numbers["planes"], numbers["tokens"], numbers["channels"])
+        except CodecError as e:
+            raise bad("planes", str(e)) from None
+        return cls(numbers["layers"], parts["dtype"], layout)
 
 
 def head_of(data: bytes | memoryview) -> int:

@@ -579,6 +579,18 @@ class CompressionConfig(Section):
     # Buckets that also accept every lossy codec (int8, int4, fp8 and their "+zstd" forms): KV read
     # from them is approximate, within each codec's stated bound.
     lossy_buckets: tuple[str, ...] = ()
+    # "bucket:codec" entries: the node stores the raw chunks of a kv-put into that bucket with that codec,
+    # when the kv-put states the chunks' shape (the SDK does whenever it is given a float layout).
+    bucket_codecs: tuple[str, ...] = ()
+    # The node's decode pipeline (fetch on storage_server.read_threads, then these two stages, each its own
+    # pool) over pieces of about piece_bytes decoded bytes; slots in flight = the three pools' workers.
+    decompress_threads: int = 2
+    dequantise_threads: int = 2
+    piece_bytes: int = 1 << 20
+
+    def codec_for(self, bucket: str) -> str:
+        """The codec the node applies to raw kv-put chunks of ``bucket`` ("none": stored as they are)."""
+        return dict(e.split(":", 1) for e in self.bucket_codecs).get(bucket, "none")  # type: ignore[misc]
 
     def allows(self, bucket: str, codec: str) -> bool:
         return codec in self.allowed_codecs or codec in LOSSLESS_CODECS or (bucket in self.lossy_buckets and codec in CODEC_NAMES)
@@ -586,6 +598,15 @@ class CompressionConfig(Section):
     def validate(self) -> None:
         for name in self.allowed_codecs:
             self.require(name in CODEC_NAMES, "allowed_codecs", f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})")
+        for entry in self.bucket_codecs:
+            bucket, _, codec = entry.partition(":")
+            self.require(bool(bucket) and codec in CODEC_NAMES, "bucket_codecs", f"{entry!r} is not \"bucket:codec\" with a known codec")
+            self.require(self.allows(bucket, codec), "bucket_codecs",
+                         f"{entry!r}: {codec!r} is lossy and {bucket!r} is not in compression.lossy_buckets")
+        self.require(len({e.partition(":")[0] for e in self.bucket_codecs}) == len(self.bucket_codecs), "bucket_codecs", "names a bucket twice")
+        self.require(self.decompress_threads >= 1, "decompress_threads", "must be at least 1")
+        self.require(self.dequantise_threads >= 1, "dequantise_threads", "must be at least 1")
+        self.require(self.piece_bytes >= 4096, "piece_bytes", "must be at least 4096")
 
 
 @dataclass(frozen=True)

@@ -59,11 +59,13 @@ class DescriptorFlag(IntFlag):
     # The key suffixes are lowercase hex of one width, sent as their raw bytes: one byte (the raw width) then
     # count·width bytes instead of newline-separated text (content hashes: half the bytes, no separators).
     BINARY_KEY_SUFFIXES = 4
+    CLIENT_DECODES = 8  # http only: compressed chunks travel as ENCODED frames and the client decodes them
 
 
 # A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
 # so an old server never silently ignores a load budget.
-_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES)
+_KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES
+                   | DescriptorFlag.CLIENT_DECODES)
 # Decoded key lists remembered by their bytes: a prefix fetched again decodes to the very same list with no
 # per-key work (and the storage server's resolved pins are found by that list). Bounded in lists and keys.
 KEY_MEMO_LISTS = 64
@@ -102,6 +104,7 @@ class Descriptor:
     # Seconds from the storage server's receipt by which the load must be in place (0: none). The server cuts a
     # layerwise transfer at the first layer boundary it expects to cross the budget (KVLoadBudgetExceeded).
     load_budget_s: float = 0.0
+    client_decodes: bool = False  # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk) for the client to decode
 
     @property
     def payload_bytes(self) -> int:
@@ -274,7 +277,8 @@ def _flags(d: Descriptor) -> int:
     if not (math.isfinite(d.load_budget_s) and d.load_budget_s >= 0):
         raise _bad("load_budget_s", f"must be a finite number of seconds >= 0, not {d.load_budget_s!r}")
     return ((0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS)
-            | (DescriptorFlag.LOAD_BUDGET if d.load_budget_s else 0))
+            | (DescriptorFlag.LOAD_BUDGET if d.load_budget_s else 0)
+            | (DescriptorFlag.CLIENT_DECODES if d.client_decodes else 0))
 
 
 def descriptor_transport(data: bytes) -> TransportKind | None:
@@ -306,6 +310,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad(name, str(e)) from None
     if flags & ~_KNOWN_FLAGS:
         raise _bad("flags", f"unknown flag bits {flags:#06x}")
+    if flags & DescriptorFlag.CLIENT_DECODES and transport_v != TransportKind.HTTP:
+        raise _bad("flags", "CLIENT_DECODES needs the http transport (the server writes decoded layers into shm and rdma memory)")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -346,7 +352,7 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
-                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget)
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES))
 
 
 # --- put batches ------------------------------------------------------------------
@@ -401,6 +407,10 @@ class FrameType(IntEnum):
     LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C (0 if the descriptor waived it)
     END = 3  # payload: JSON statistics
     ERROR = 4  # payload: JSON S3 error
+    # One chunk's layer slice as stored (descriptor flag CLIENT_DECODES): payload = a slice header
+    # (protocol.compressed_chunk.SLICE_HEAD) and the encoded bytes; it decodes to [offset, offset + S) of the
+    # destination; checksum = CRC32C of the encoded bytes. The layer's LAYER frame then carries checksum 0.
+    ENCODED = 5
 
 
 FRAME = struct.Struct("<BBHIQQI")  # type, flags, reserved, layer, offset, length, checksum
@@ -417,7 +427,7 @@ class Frame:
 
     @property
     def has_payload(self) -> bool:
-        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR)
+        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR, FrameType.ENCODED)
 
 
 def pack_frame(ftype: FrameType, layer: int = 0, offset: int = 0, length: int = 0, checksum: int = 0) -> bytes:

@@ -1,38 +1,35 @@
-"""Compressed chunks in a kv-get: their headers (read and checked before the transfer is accepted) and
-the read + decode of a run of chunks' layer slices straight into the transport's buffer.
+"""Compressed chunks in the node: their headers, read and checked before a kv-get is accepted, and the
+checks of a kv-put that stores them (the decoding itself: :mod:`storage_server.decode_pipeline`).
 
 A chunk object of exactly ``L·S`` bytes is raw; any other size must be a compressed chunk
 (:mod:`protocol.compressed_chunk`) whose header agrees with the descriptor, else the kv-get is refused
 before any byte moves: ``KVChunkSizeMismatch`` for a chunk that is not a compressed one,
-``KVInvalidCompressedChunk`` naming the key and field for one whose header is inconsistent. Layer ℓ of
-a compressed chunk is one ``pread`` of its encoded slice (into a per-thread buffer reused across
-slices), a CRC32C check, then the codec's decompress and dequantise stages writing the S decoded
-bytes at the chunk's place in the destination. The executor reports a layer ready only after every
-run of the layer returned, so no partly decoded layer is ever announced.
+``KVInvalidCompressedChunk`` naming the key and field for one whose header is inconsistent.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
-import numpy as np
 from awscrt.checksums import crc32c
 
-from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, ChunkHeader, bad_chunk, decode_header, head_of, is_compressed
+from protocol.codecs import NONE, CodecError, SliceLayout, codec_by_name
+from protocol.compressed_chunk import (
+    FIXED_HEADER_BYTES,
+    HEADER_KV_LAYOUT,
+    MAGIC,
+    ChunkHeader,
+    ChunkShape,
+    bad_chunk,
+    decode_header,
+    encode_chunk,
+    head_of,
+    is_compressed,
+    pack_slice_head,
+)
 from protocol.config import CompressionConfig
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor
-
-_scratch = threading.local()
-
-
-def _buffer(nbytes: int) -> memoryview:
-    """This thread's reusable read buffer, grown to at least ``nbytes``."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < nbytes:
-        buf = _scratch.buf = bytearray(max(nbytes, 1 << 20))
-    return memoryview(buf)[:nbytes]
 
 
 def _pread_exact(fd: int, dest: memoryview, offset: int, what: str) -> None:
@@ -64,31 +61,6 @@ def read_headers(d: Descriptor, fds: list[int], offsets: list[int], sizes: list[
     return headers
 
 
-def decode_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, layer: int, size: int, dest: memoryview,
-               checksum: bool, headers: list[ChunkHeader | None], keys: list[str]) -> int:
-    """Layer ``layer`` of chunks first..last-1 into ``dest`` at ``(j - base)·size``, raw ones read, compressed ones
-    read and decoded; returns the CRC32C of the decoded run (0 unless ``checksum``)."""
-    pos = start = (first - base) * size
-    for j in range(first, last):
-        out = dest[pos : pos + size]
-        h = headers[j]
-        if h is None:
-            _pread_exact(fds[j], out, offsets[j] + layer * size, f"chunk #{j}")
-        else:
-            encoded = _buffer(h.lengths[layer])
-            _pread_exact(fds[j], encoded, offsets[j] + h.offsets[layer], f"chunk {keys[j]!r}")
-            h.decode_layer(keys[j], layer, encoded, np.frombuffer(out, np.uint8))
-        pos += size
-    return crc32c(dest[start:pos]) if checksum else 0
-
-
-def decode_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int,
-                        dest: memoryview, headers: list[ChunkHeader | None], keys: list[str]) -> None:
-    """Chunks first..last-1, every layer, decoded into layer-major places (chunk j of layer ℓ at ``(ℓ·n + j)·size``)."""
-    for layer in range(layers):
-        decode_run(fds, offsets, first, last, -layer * n_chunks, layer, size, dest, False, headers, keys)
-
-
 def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: CompressionConfig) -> None:
     """Refuse a kv-put batch holding a compressed chunk whose header is inconsistent (``KVInvalidCompressedChunk``)
     or whose codec this bucket does not allow (``KVCodecNotAllowed``); raw chunks pass unread."""
@@ -105,3 +77,48 @@ def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: Compres
             encoded = data[h.offsets[layer] : h.offsets[layer] + h.lengths[layer]]
             if crc32c(encoded) != h.crcs[layer]:
                 raise bad_chunk(key, f"layers[{layer}].crc32c", "the encoded layer slice does not match its checksum")
+
+
+def encode_puts(items: list[tuple[str, memoryview]], shape: ChunkShape, codec: str) -> list[tuple[str, memoryview]]:
+    """A kv-put's raw chunks (each exactly ``shape.chunk_bytes``) stored with the bucket's ``codec``; chunks that
+    are compressed already stay as they are (their codec was checked)."""
+    out = []
+    s, c = shape.layout.nbytes(shape.dtype), codec_by_name(codec)
+    for key, data in items:
+        if bytes(data[: len(MAGIC)]) == MAGIC and len(data) != shape.chunk_bytes:
+            out.append((key, data))
+            continue
+        if len(data) != shape.chunk_bytes:
+            raise S3Error(ErrorCode.KVChunkSizeMismatch,
+                          f"chunk {key!r} is {len(data)} bytes, the kv-put's {HEADER_KV_LAYOUT} says {shape.chunk_bytes}",
+                          extra={"Key": key, "ActualSize": str(len(data)), "ExpectedSize": str(shape.chunk_bytes)})
+        try:
+            encoded = encode_chunk([data[i * s : (i + 1) * s] for i in range(shape.layers)], c, shape.dtype, shape.layout)
+        except CodecError as e:
+            raise S3Error(ErrorCode.InvalidArgument, f"chunk {key!r}: {codec} cannot encode it: {e}",
+                          extra={"Key": key, "Field": e.field}) from None
+        out.append((key, memoryview(encoded)))
+    return out
+
+
+def read_encoded(fds: list[int], offsets: list[int], headers: list[ChunkHeader | None], keys: list[str], layer: int, first: int, last: int,
+                 s: int) -> list[tuple[bytes, int]]:
+    """Layer ``layer`` of chunks first..last-1 as stored, for a client that decodes (descriptor flag CLIENT_DECODES):
+    per chunk an ENCODED frame's payload (slice header + encoded bytes) and the CRC32C of the encoded bytes
+    (the stored one for a compressed chunk; a raw chunk's slice goes as codec ``none``)."""
+    out = []
+    for j in range(first, last):
+        h = headers[j]
+        if h is None:
+            head = pack_slice_head(NONE, "float16", SliceLayout.flat(s // 2))  # S = 2·G·n_kv·d·p is even
+            buf = bytearray(len(head) + s)
+            _pread_exact(fds[j], memoryview(buf)[len(head):], offsets[j] + layer * s, f"chunk {keys[j]!r}")
+            buf[: len(head)] = head
+            out.append((bytes(buf), crc32c(memoryview(buf)[len(head):])))
+        else:
+            head = pack_slice_head(h.codec, h.dtype, h.layout)
+            buf = bytearray(len(head) + h.lengths[layer])
+            _pread_exact(fds[j], memoryview(buf)[len(head):], offsets[j] + h.offsets[layer], f"chunk {keys[j]!r}")
+            buf[: len(head)] = head
+            out.append((bytes(buf), h.crcs[layer]))
+    return out

@@ -14,6 +14,10 @@ delivered strictly in order.
 Chunkwise, each chunk object is read whole by one scatter ``preadv`` whose
 iovecs land its L slices at their layer-major places (mapped chunks: one
 ``np.take`` per layer); all notifications come at the end.
+
+Compressed chunks (``ReadPlan.headers``) are read and decoded by the staged
+:mod:`storage_server.decode_pipeline` into the same places, or, for a client
+that decodes (``Descriptor.client_decodes``), sent as stored in ENCODED frames.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from protocol.checksums import crc32c_combine
 from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
-from .compressed_reads import ChunkHeader, decode_run, decode_whole_chunks
+from .compressed_reads import ChunkHeader, read_encoded
+from .decode_pipeline import DecodePipeline
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .memory_budget import MemoryBudget
 from .read_path import ReadPath, plan_read_path, wanted_bytes
@@ -64,7 +69,7 @@ class ReadPlan:
     rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
     first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
     # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
-    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: reads decode on the pool.
+    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: the decode pipeline reads them.
     headers: list[ChunkHeader | None] | None = None
 
     @classmethod
@@ -171,16 +176,20 @@ def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
 class Executor:
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
-    def __init__(self, io_threads: int, direct_depth: int = 0, read_path: str = "direct", budget: MemoryBudget | None = None) -> None:
+    def __init__(self, io_threads: int, direct_depth: int = 0, read_path: str = "direct", budget: MemoryBudget | None = None, *,
+                 decompress_threads: int = 2, dequantise_threads: int = 2, piece_bytes: int = 1 << 20) -> None:
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kv-read")
         self.io_threads = io_threads
         self.direct_depth = direct_depth  # O_DIRECT reads in flight for cold transfers; 0: always through the page cache
         self.read_path = read_path  # storage_server.read_path: how cold transfers split page cache and O_DIRECT
         self.budget = budget or MemoryBudget()  # the page cache every transfer of this server shares
         self._direct: ThreadPoolExecutor | None = None
+        # Compressed chunks: fetch on the read pool, then decompress and dequantise on pools of their own.
+        self.decoder = DecodePipeline(self.pool, io_threads, decompress_threads, dequantise_threads, piece_bytes)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.decoder.close()
         if self._direct is not None:
             self._direct.shutdown(wait=True)
 
@@ -213,9 +222,9 @@ class Executor:
         CRC32C (0 unless ``checksum``), each run's taken by its reader and the runs' combined in order."""
         s = plan.descriptor.per_layer_chunk_bytes
         if plan.headers is not None:
-            runs = await self._read_runs(decode_run, plan, first, last, first, layer, s, dest, checksum, plan.headers,
-                                         plan.descriptor.chunk_keys)
-        elif plan.mapped:
+            return await self.decoder.decode(plan.fds, plan.offsets, plan.headers, plan.descriptor.chunk_keys, layer, first, last, s,
+                                             dest, checksum)
+        if plan.mapped:
             runs = await self._read_runs(_take_run, plan, first, last, first, layer, s, dest, checksum)
         else:
             runs = await self._read_runs(_read_run, plan, first, last, first, layer * s, s, dest, checksum)
@@ -239,7 +248,9 @@ class Executor:
         """
         d = plan.descriptor
         started = time.perf_counter()
-        if plan.headers is not None:  # compressed chunks: read + decode on the pool (no O_DIRECT groups, no L·S read-ahead)
+        if d.client_decodes:  # http: slices as stored, the client decodes
+            return await self._run_encoded(plan, transport, pacer, started)
+        if plan.headers is not None:  # compressed chunks: the decode pipeline (no O_DIRECT groups, no L·S read-ahead)
             return await self._run(plan, transport, pacer, started)
         resident = resident_fraction(plan.fds, plan.offsets)
         layer_bytes = len(plan.fds) * d.per_layer_chunk_bytes
@@ -255,6 +266,38 @@ class Executor:
             stats = await self._run_path(plan, transport, pacer, started, path, files)
         stats.resident_sample = resident
         return stats
+
+    async def _run_encoded(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float) -> TransferStats:
+        """Layer by layer, pieces of ``plan.piece_chunks`` chunks: each chunk's slice read as stored and sent as an
+        ENCODED frame, then the layer's LAYER frame (checksum 0: each ENCODED frame carries its own)."""
+        d = plan.descriptor
+        loop = asyncio.get_running_loop()
+        n, k, s = len(plan.fds), max(1, plan.piece_chunks), d.per_layer_chunk_bytes
+        headers = plan.headers or [None] * n
+        timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
+        read_s = deliver_s = 0.0
+        for layer in range(d.num_layers):
+            if pacer is not None:
+                await pacer.before_layer(d.layer_bytes)
+            t0 = time.perf_counter()
+            timeline[layer][0] = t0 - started
+            try:
+                for first in range(0, n, k):
+                    t = time.perf_counter()
+                    slices = await loop.run_in_executor(self.pool, read_encoded, plan.fds, plan.offsets, headers, d.chunk_keys, layer,
+                                                        first, min(first + k, n), s)
+                    read_s += time.perf_counter() - t
+                    t = time.perf_counter()
+                    for j, (payload, crc) in enumerate(slices, first):
+                        await transport.deliver_encoded(layer, j, payload, crc)
+                    deliver_s += time.perf_counter() - t
+            finally:
+                if pacer is not None:
+                    pacer.after_layer()
+            timeline[layer][1] = time.perf_counter() - started
+            await transport.layer_ready(layer, 0)
+            timeline[layer][2] = time.perf_counter() - started
+        return _stats(plan, timeline, read_s, deliver_s, started, timeline[0][2] if timeline else 0.0)
 
     async def _run_path(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, path: ReadPath,
                         files: DirectFiles | None) -> TransferStats:
@@ -400,7 +443,8 @@ class Executor:
             t0 = time.perf_counter()
             n = len(plan.fds)
             if plan.headers is not None:
-                await self._read_runs(decode_whole_chunks, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest, plan.headers, d.chunk_keys)
+                for layer in range(d.num_layers):
+                    await self.read_piece(plan, layer, 0, n, dest[layer * d.layer_bytes : (layer + 1) * d.layer_bytes])
             else:
                 whole = _take_whole_chunks if plan.mapped else _read_whole_chunks
                 await self._read_runs(whole, plan, 0, n, n, d.num_layers, d.per_layer_chunk_bytes, dest)

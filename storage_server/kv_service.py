@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from protocol.compressed_chunk import MAGIC as COMPRESSED_MAGIC
+from protocol.compressed_chunk import ChunkShape
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
@@ -30,7 +32,7 @@ from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_k
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
-from .compressed_reads import check_puts, read_headers
+from .compressed_reads import check_puts, encode_puts, read_headers
 from .deadline import LoadDeadline
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
@@ -131,7 +133,10 @@ class KVService:
         self.config = config
         self.handover_socket = handover_socket_path(config)
         self.chunks = chunks
-        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path, MemoryBudget(max_bytes=ss.page_cache_max_bytes))
+        zc = config.compression
+        self.executor = Executor(ss.read_threads or _cpus(), ss.cold_read_depth, ss.read_path, MemoryBudget(max_bytes=ss.page_cache_max_bytes),
+                                 decompress_threads=zc.decompress_threads, dequantise_threads=zc.dequantise_threads,
+                                 piece_bytes=zc.piece_bytes)
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
@@ -160,7 +165,12 @@ class KVService:
         bucket, tenant = call.field("bucket"), call.field("tenant")
         soft_pin_s = float(call.request.fields.get("soft_pin_s", 0.0))
         items = decode_put_batch(call.body)
-        check_puts(bucket, items, self.config.compression)
+        if any(bytes(data[:8]) == COMPRESSED_MAGIC for _, data in items):  # their CRCs off the loop
+            await asyncio.get_running_loop().run_in_executor(self.executor.pool, check_puts, bucket, items, self.config.compression)
+        codec = self.config.compression.codec_for(bucket)
+        if codec != "none" and (shape := call.request.fields.get("kv_layout")):
+            items = await asyncio.get_running_loop().run_in_executor(
+                self.executor.pool, encode_puts, items, ChunkShape.from_header(str(shape)), codec)
         etags = await self.chunks.put_chunks(bucket, items, tenant, soft_pin_s)
         return PutReply(len(etags), etags).to_json()
 
@@ -249,7 +259,7 @@ class KVService:
                 return None
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
-            headers = await asyncio.get_running_loop().run_in_executor(
+            headers = None if all(size == d.chunk_object_bytes for size in pinned.sizes) else await asyncio.get_running_loop().run_in_executor(
                 self.executor.pool, read_headers, d, pinned.fds, pinned.offsets, pinned.sizes)
             forecast = self._forecast(snapshot, d, pinned.paths or {"local": sum(pinned.sizes)})
             plan = plan_transfer(
@@ -401,6 +411,7 @@ class KVService:
             "page_cache_budget": self.executor.budget.status(),
             "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
+            "decode_pipeline": self.executor.decoder.status(),
         }
 
     async def stop_transfers(self) -> None:

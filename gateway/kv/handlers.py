@@ -25,6 +25,7 @@ import time
 
 from aiohttp import web
 
+from protocol.compressed_chunk import HEADER_KV_LAYOUT, ChunkShape
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import MAX_ESTIMATE_BODY, EstimateReply, EstimateRequest
@@ -87,8 +88,11 @@ async def kv_put(req: S3Request) -> web.Response:
     await req.owned_bucket()
     body = await req.body_bytes(req.config.kv_max_put_bytes)
     ttl = req.http.headers.get(HEADER_SOFT_PIN_TTL)
-    pin = {} if ttl is None else {"soft_pin_s": _soft_pin_ttl(ttl)}
-    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket, **pin)
+    fields: dict[str, object] = {} if ttl is None else {"soft_pin_s": _soft_pin_ttl(ttl)}
+    shape = req.http.headers.get(HEADER_KV_LAYOUT)  # the chunks' shape, for a bucket whose codec the node applies
+    if shape is not None:
+        fields["kv_layout"] = ChunkShape.from_header(shape).to_header()
+    reply = await rpc(req).call(Op.KV_PUT, body, tenant=req.tenant, bucket=req.bucket, **fields)
     return json_response(PutReply.from_json(reply).to_json())
 
 

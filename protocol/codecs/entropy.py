@@ -80,7 +80,13 @@ class ZstdPlanes:
                     raise CodecError("zstd", f"plane {p}: {e}") from None
             if plane.size != plane_bytes:
                 raise CodecError("decoded_size", f"plane {p} decodes to {plane.size} bytes, expected {plane_bytes}")
-            if planes > 1:
-                view[:, p] = plane
-            else:
+            if planes == 1:
                 view[:] = plane
+            elif planes == 2:  # little-endian 16-bit elements: lo | hi << 8, in place (faster than two strided copies)
+                o16 = out.view(np.uint16)
+                if p == 0:
+                    o16[:] = plane
+                else:
+                    np.bitwise_or(o16, np.left_shift(plane.astype(np.uint16), 8), out=o16)
+            else:
+                view[:, p] = plane

@@ -45,6 +45,30 @@ def _broadcast(per_group: np.ndarray, layout: SliceLayout) -> np.ndarray:
     return out
 
 
+def _scaled_into(codes: np.ndarray, per_group: np.ndarray, layout: SliceLayout) -> np.ndarray:
+    """``codes × per-group factor`` as float32 of the slice's shape: broadcast per key channel and value token,
+    never materialising a per-element scale array (that made dequantising 10× slower)."""
+    c = layout.channels
+    q = codes.reshape(layout.planes, layout.tokens, c)
+    vals = np.empty(q.shape, np.float32)
+    np.multiply(q[0], per_group[:c][None, :], out=vals[0])
+    if layout.planes == 2:
+        np.multiply(q[1], per_group[c:][:, None], out=vals[1])
+    return vals
+
+
+def _store(vals: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    """float32 ``vals`` (a temporary: clobbered) rounded to nearest into ``out``'s dtype. bfloat16 rounds half away
+    from zero (two in-place passes instead of four): still within half an ulp, as the bounds assume."""
+    if dtype != "bfloat16":
+        from_float32(vals, dtype, out)
+        return
+    u = vals.reshape(-1).view(np.uint32)
+    np.add(u, 0x8000, out=u)
+    np.right_shift(u, 16, out=u)
+    out.view(np.uint16)[:] = u
+
+
 def _finite(values: np.ndarray) -> None:
     if not np.isfinite(values).all():
         raise CodecError("values", "a lossy codec cannot encode inf or nan")
@@ -100,13 +124,13 @@ class IntQuantiser:
             q = codes.view(np.int8)
         else:
             q = np.empty(codes.size * 2, np.int8)
-            q[0::2] = (codes & 0x0F).astype(np.int8) - 8
-            q[1::2] = (codes >> 4).astype(np.int8) - 8
+            np.bitwise_and(codes, 0x0F, out=q[0::2].view(np.uint8))
+            np.right_shift(codes, 4, out=q[1::2].view(np.uint8))
+            np.subtract(q, 8, out=q)
             q = q[: layout.elements]
-        if (np.abs(q) > self.qmax).any():
+        if q.size and int(q.min()) < -self.qmax:  # the only codes outside ±q: -128 (int8), -8 (int4)
             raise CodecError("codes", f"a code lies outside ±{self.qmax}")
-        step = _broadcast(absmax, layout) / np.float32(self.qmax)
-        from_float32(q.reshape(step.shape).astype(np.float32) * step, dtype, out)
+        _store(_scaled_into(q, absmax / np.float32(self.qmax), layout), dtype, out)
 
     def max_abs_error(self, absmax: float, dtype: str) -> float:
         return absmax * (1 / (2 * self.qmax) + _check_dtype(dtype) + FLOAT32_SLACK)
@@ -152,8 +176,8 @@ class Fp8Quantiser:
         absmax, codes = _split(data, layout, layout.elements)
         if ((codes & 0x7F) == 0x7F).any():
             raise CodecError("codes", "an fp8 code is NaN")
-        scale = _broadcast(absmax, layout) / np.float32(E4M3_MAX)
-        from_float32(_E4M3_SIGNED[codes].reshape(scale.shape) * scale, dtype, out)
+        values = np.take(_E4M3_SIGNED, codes)
+        _store(_scaled_into(values, absmax / np.float32(E4M3_MAX), layout), dtype, out)
 
     def max_abs_error(self, absmax: float, dtype: str) -> float:
         return absmax * (2.0 ** -4 + _check_dtype(dtype) + FLOAT32_SLACK)

@@ -17,6 +17,7 @@ from awscrt import checksums as crt
 from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import sign_call
 from protocol.cluster_write import LAYER_DONE, WritePart
+from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, max_compressed_bytes
 from protocol.data_ticket import DirectGrant
 from protocol.errors import S3Error
 from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
@@ -155,9 +156,11 @@ class PeerClient:
                 version = (await asyncio.wait_for(reader.readexactly(version_len), self.timeout_s)).decode("ascii", "replace")
                 if index != want.start + got:
                     raise PeerFault(f"{peer.node_id} sent chunk {index} where {want.start + got} was due")
-                if size != chunk_bytes:
+                if size != chunk_bytes and not FIXED_HEADER_BYTES <= size <= max_compressed_bytes(chunk_bytes):
                     raise PeerFault(f"{peer.node_id} sent {size} bytes for a {chunk_bytes}-byte chunk")
                 data = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
+                if size != chunk_bytes and data[: len(MAGIC)] != MAGIC:  # any other size must be a compressed chunk (checked whole by the kv-get)
+                    raise PeerFault(f"{peer.node_id} sent {size} bytes for a {chunk_bytes}-byte chunk, not a compressed chunk")
                 if crt.crc32c(data) != crc:
                     raise PeerFault(f"{peer.node_id} sent chunk {index} failing its CRC32C")
                 await on_chunk(index, data, version)

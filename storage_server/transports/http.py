@@ -60,6 +60,10 @@ class HttpTransport(Transport):
     async def deliver_piece(self, layer: int, first: int, data: memoryview) -> None:
         await self._send_data(self.piece_offset(layer, first), data)
 
+    async def deliver_encoded(self, layer: int, chunk: int, payload: bytes, checksum: int) -> None:
+        """Chunk ``chunk``'s slice of ``layer`` as stored, for the client to decode into its place."""
+        await self.frames.send(pack_frame(FrameType.ENCODED, layer, self.piece_offset(layer, chunk), len(payload), checksum), memoryview(payload))
+
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         await self._send_data(self.base_offset, data)
         for layer, crc in enumerate(checksums):

@@ -125,3 +125,8 @@ def test_config_knows_the_registrys_codecs():
     assert policy.allows("approx", "int4") and policy.allows("exact", "zstd") and not policy.allows("exact", "int8+zstd")
     with pytest.raises(config.ConfigError, match="compression.allowed_codecs"):
         config.CompressionConfig(allowed_codecs=("brotli",))
+    assert config.CompressionConfig(bucket_codecs=("a:zstd",)).codec_for("a") == "zstd"
+    assert config.CompressionConfig(bucket_codecs=("a:zstd",)).codec_for("b") == "none"
+    with pytest.raises(config.ConfigError, match="compression.bucket_codecs.*lossy"):
+        config.CompressionConfig(bucket_codecs=("a:int8",))
+    assert config.CompressionConfig(bucket_codecs=("a:int8",), lossy_buckets=("a",)).codec_for("a") == "int8"

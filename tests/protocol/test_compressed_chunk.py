@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.codecs import CODECS, Codec, SliceLayout, codec_by_id, codec_by_name
-from protocol.compressed_chunk import FIXED_HEADER_BYTES, ChunkHeader, decode_header, encode_chunk, head_of, header_bytes, is_compressed
+from protocol.compressed_chunk import FIXED_HEADER_BYTES, ChunkHeader, ChunkShape, decode_header, encode_chunk, head_of, header_bytes, is_compressed
 from protocol.errors import ErrorCode, S3Error
 
 
@@ -110,3 +110,39 @@ def test_corrupt_payload_is_refused_by_its_crc(obj):
     h: ChunkHeader = decode_header("k", bytes(obj), len(obj))
     obj[h.offsets[1] + 3] ^= 0x40
     assert _refusal(bytes(obj), s=S).extra["Field"] == "layers[1].crc32c"
+
+
+def test_the_kv_put_shape_header_is_strict():
+    shape = ChunkShape(4, "bfloat16", SliceLayout(2, 16, 256))
+    assert ChunkShape.from_header(shape.to_header()) == shape and shape.chunk_bytes == 4 * 2 * 16 * 256 * 2
+    for value, field in (("layers=4;planes=2;tokens=16;channels=8", "fields"), ("layers=4;planes=2;tokens=16;channels=8;dtype=int8", "dtype"),
+                         ("layers=-1;planes=2;tokens=16;channels=8;dtype=float16", "layers"),
+                         ("layers=4;planes=3;tokens=16;channels=8;dtype=float16", "planes"),
+                         ("layers=4;layers=4;planes=2;tokens=16;channels=8;dtype=float16", "fields")):
+        with pytest.raises(S3Error) as e:
+            ChunkShape.from_header(value)
+        assert e.value.code == ErrorCode.InvalidArgument and e.value.extra["Field"] == field, value
+
+
+def test_the_client_decodes_flag_round_trips_and_is_http_only():
+    from protocol.wire import Descriptor, Target, TransportKind, decode_descriptor, encode_descriptor
+
+    d = Descriptor(["a/1", "a/2"], 4, 16, 1024, Target(TransportKind.HTTP, length=2 * 4 * 1024), client_decodes=True)
+    assert decode_descriptor(encode_descriptor(d)) == d
+    assert not decode_descriptor(encode_descriptor(Descriptor(["a/1"], 4, 16, 1024, Target(length=4096)))).client_decodes
+    shm = Descriptor(["a/1"], 4, 16, 1024, Target(TransportKind.SHM, length=4096), client_decodes=True)
+    with pytest.raises(S3Error) as e:
+        decode_descriptor(encode_descriptor(shm))
+    assert e.value.extra["Field"] == "flags"
+
+
+def test_an_encoded_frames_slice_header_is_strict():
+    from protocol.compressed_chunk import pack_slice_head, unpack_slice_head
+
+    head = pack_slice_head(codec_by_name("int4+zstd"), "float16", SliceLayout(2, 16, 64))
+    assert unpack_slice_head("k", head)[0].name == "int4+zstd"
+    for bad, field in ((head[:5], "slice_header"), (bytes([77]) + head[1:], "codec"), (head[:1] + bytes([9]) + head[2:], "dtype"),
+                       (head[:2] + bytes([3]) + head[3:], "layout")):
+        with pytest.raises(S3Error) as e:
+            unpack_slice_head("layer 2 chunk #5", bad)
+        assert e.value.extra["Field"] == field and e.value.extra["Key"] == "layer 2 chunk #5"

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from botocore.exceptions import ClientError
 from compressionsupport import kv_chunks, kv_layout
-from kvsupport import TRANSPORTS, client, keys_for, reference, run
+from kvsupport import TRANSPORTS, client, keys_for, reference, rpc, run
 from support import ServerProcess, boto_client, make_tenants, write_config
 
+from client_sdk.compression import shape_header
 from protocol.codecs import group_absmax
 from protocol.codecs.base import to_float32
 from protocol.errors import ErrorCode, S3Error
@@ -23,10 +24,13 @@ def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("compressed")
     people = make_tenants("alice")
     config = write_config(root / "c.toml", root / "data", people,
-                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n[compression]\nlossy_buckets = ["lossy"]\n')
+                          extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ndata_listen = "127.0.0.1:0"\n[compression]\nlossy_buckets = ["lossy"]\nbucket_codecs = ["auto:zstd", "lossy:int8"]\n'
+                                '# several pieces per layer through the decode stages, one worker each\n'
+                                'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n')
     proc = ServerProcess(config).start()
+    proc.rpc_socket = str(root / "ss.sock")
     s3 = boto_client(proc.endpoint, people[0])
-    for bucket in ("kvz", "lossy", "strict"):
+    for bucket in ("kvz", "lossy", "strict", "auto"):
         s3.create_bucket(Bucket=bucket)
     yield proc, people[0], s3
     proc.stop()
@@ -48,8 +52,10 @@ def test_lossless_chunks_are_byte_exact_after_node_decode(node, transport, chunk
     n = 6
     chunks = kv_chunks(layout, n, seed=chunk_tokens)
     keys = keys_for(layout, n, f"zstd-{transport}-{chunk_tokens}")
+    before = rpc(proc.rpc_socket, "status")["decode_pipeline"]["decompress"]["pieces"]
     payload, stats = _put_and_fetch(proc, alice, "kvz", layout, chunks, keys, "zstd", transport)
     assert np.array_equal(payload, reference(layout, chunks))
+    assert rpc(proc.rpc_socket, "status")["decode_pipeline"]["decompress"]["pieces"] > before  # decoded by the node's pipeline
     stored = s3.head_object(Bucket="kvz", Key=keys[0])["ContentLength"]
     assert stored < layout.chunk_bytes  # stored compressed: an ordinary object of its own size
     listed = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="kvz", Prefix=keys[0])["Contents"]}
@@ -150,3 +156,146 @@ def test_put_of_an_inconsistent_compressed_chunk_is_refused(node):
     assert e.value.code == ErrorCode.KVInvalidCompressedChunk and keys[0] in e.value.message and "codec" in e.value.message
     with pytest.raises(ClientError):
         node[2].head_object(Bucket="kvz", Key=keys[0])
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_a_bucket_codec_from_configuration_is_applied_by_the_node(node, transport):
+    """compression.bucket_codecs: raw chunks put with their layout are stored compressed by the node, read back exact."""
+    proc, alice, s3 = node
+    layout = kv_layout(64)
+    chunks = kv_chunks(layout, 3, seed=21)
+    keys = keys_for(layout, 3, f"auto-{transport}")
+    payload, _ = _put_and_fetch(proc, alice, "auto", layout, chunks, keys, "none", transport)
+    assert np.array_equal(payload, reference(layout, chunks))
+    stored = s3.get_object(Bucket="auto", Key=keys[0])["Body"].read()
+    assert len(stored) < layout.chunk_bytes and stored[:8] == b"\xff\xff\xff\xffOCKZ" and stored[9] == 1  # codec id 1: zstd
+
+
+def test_a_put_whose_chunks_do_not_match_its_stated_shape_is_refused(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    keys = keys_for(layout, 1, "auto-short")
+
+    async def go():
+        async with client(proc, alice, "auto") as c:
+            await c._put_batch([(keys[0], memoryview(b"\0" * 100))], shape_header(layout))
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.KVChunkSizeMismatch and keys[0] in e.value.message
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("chunk_tokens", [16, 64, 256])
+def test_the_sdk_decodes_when_asked_and_the_link_carries_the_stored_bytes(node, chunk_tokens, direct):
+    """decode="client" (http): raw and compressed (lossless) chunks arrive as stored and the SDK's pool decodes them, exact."""
+    proc, alice, s3 = node
+    layout = kv_layout(chunk_tokens)
+    chunks = kv_chunks(layout, 6, seed=30 + chunk_tokens)
+    keys = keys_for(layout, 6, f"sdk-decode-{chunk_tokens}-{direct}")
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            c.direct = direct
+            await c.put_chunks(keys[:2], chunks[:2], layout)
+            await c.put_chunks(keys[2:], chunks[2:], layout, codec="zstd")
+            got = []
+            async with c.fetch_layers(keys, layout, "http", decode="client", verify=True) as layers:
+                async for layer, view in layers:
+                    got.append((layer, bytes(view)))  # handed out only once decoded: compared below
+                return got, layers.payload
+    got, _ = run(go())
+    expected = reference(layout, chunks)
+    assert [layer for layer, _ in got] == list(range(layout.num_layers))
+    for layer, view in got:
+        assert view == expected[layer].tobytes()
+
+
+def test_the_sdk_refuses_a_corrupt_slice_naming_it(node):
+    proc, alice, s3 = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 2, seed=41)
+    keys = keys_for(layout, 2, "sdk-corrupt")
+    run(_put_client(proc, alice, keys, chunks, layout))
+    good = bytearray(s3.get_object(Bucket="kvz", Key=keys[1])["Body"].read())
+    good[-3] ^= 0x08  # the last layer's encoded bytes: its stored CRC no longer matches
+    s3.put_object(Bucket="kvz", Key=keys[1] + "-bad", Body=bytes(good))
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            return await c.fetch([keys[0], keys[1] + "-bad"], layout, "http", decode="client", verify=True)
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.BadDigest and "layer 3 chunk #1" in e.value.message
+
+
+async def _put_client(proc, tenant, keys, chunks, layout):
+    async with client(proc, tenant, "kvz") as c:
+        await c.put_chunks(keys, chunks, layout, codec="zstd")
+
+
+def test_client_decoding_is_http_only(node):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            return await c.fetch(keys_for(layout, 1, "x"), layout, "shm", decode="client")
+    with pytest.raises(S3Error) as e:
+        run(go())
+    assert e.value.code == ErrorCode.KVInvalidDescriptor and "flags" in e.value.message
+
+
+def test_the_sync_client_puts_compressed_and_fetches_decoded(node):
+    from client_sdk.sync import SyncObjectCacheClient
+
+    proc, alice, s3 = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 3, seed=61)
+    keys = keys_for(layout, 3, "sync")
+    c = SyncObjectCacheClient(proc.endpoint, alice.access_key, alice.secret_key, "kvz")
+    try:
+        assert c.put_chunks(keys, chunks, layout, codec="zstd") == 3
+        assert s3.head_object(Bucket="kvz", Key=keys[0])["ContentLength"] < layout.chunk_bytes
+        payload, _ = c.fetch(keys, layout, "http", decode="client")
+        assert np.array_equal(payload, reference(layout, chunks))
+    finally:
+        c.close()
+
+
+def test_a_cancelled_client_decode_leaves_no_thread_writing_into_the_destination(node, monkeypatch):
+    import asyncio
+    import threading
+
+    from client_sdk import decoding
+
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    chunks = kv_chunks(layout, 4, seed=71)
+    keys = keys_for(layout, 4, "sdk-cancel")
+    run(_put_client(proc, alice, keys, chunks, layout))
+    entered, release, running = threading.Event(), threading.Event(), []
+    real = decoding.decode_slice
+
+    def slow(*args):
+        running.append(1)
+        entered.set()
+        release.wait(10)
+        try:
+            return real(*args)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(decoding, "decode_slice", slow)
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            task = asyncio.ensure_future(c.fetch(keys, layout, "http", decode="client"))
+            await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+            task.cancel()
+            threading.Timer(0.3, release.set).start()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return list(running)
+    assert run(go()) == []

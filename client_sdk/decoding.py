@@ -1,0 +1,83 @@
+"""Decoding compressed chunks in the SDK (``fetch_layers(..., decode="client")``, http only).
+
+The node then sends each chunk's layer slice as stored (an ENCODED frame); this process decodes it
+straight into its place in the destination on a bounded pool of its own threads (zstd and numpy
+release the GIL), apart from the engine's compute thread. A layer is handed to the caller only
+when every slice of it is decoded; at most ``2 × threads`` slices wait in memory, so a fast link
+cannot outrun the decoders without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from awscrt.checksums import crc32c
+
+from protocol.codecs import CodecError
+from protocol.compressed_chunk import SLICE_HEAD, bad_chunk, unpack_slice_head
+from protocol.errors import ErrorCode, S3Error
+
+
+class SliceDecoder:
+    """The client's decode pool, shared by its fetches."""
+
+    def __init__(self, threads: int = 2) -> None:
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="oc-decode")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def decode_slice(what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
+    """One ENCODED frame's payload decoded into ``dest`` (the slice's S bytes); ``checksum``: verify the encoded bytes."""
+    codec, dtype, layout = unpack_slice_head(what, payload)
+    body = memoryview(payload)[SLICE_HEAD.size :]
+    if checksum is not None and crc32c(body) != checksum:
+        raise S3Error(ErrorCode.BadDigest, f"{what}: the encoded slice failed its CRC32C check")
+    if layout.nbytes(dtype) != len(dest):
+        raise bad_chunk(what, "layout", f"decodes to {layout.nbytes(dtype)} bytes, the slice is {len(dest)}")
+    try:
+        codec.decode(body, np.frombuffer(dest, np.uint8), dtype, layout)
+    except CodecError as e:
+        raise bad_chunk(what, e.field, str(e)) from None
+
+
+class LayerDecodes:
+    """The decodes of the layer being received: started as frames arrive, all awaited before the layer is handed out."""
+
+    def __init__(self, decoder: SliceDecoder) -> None:
+        self.decoder = decoder
+        self.pending: list[asyncio.Future] = []
+        self._threads: list[concurrent.futures.Future] = []  # the same work, as the pool sees it (for drain)
+
+    async def start(self, what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
+        if len(self.pending) >= 2 * self.decoder.threads:
+            await self.pending.pop(0)  # bounded: wait for the oldest before taking more bytes in
+        work = self.decoder.pool().submit(decode_slice, what, payload, dest, checksum)
+        self._threads = [f for f in self._threads if not f.done()] + [work]
+        self.pending.append(asyncio.wrap_future(work))
+
+    async def drain(self) -> None:
+        """Wait until no decode thread writes any more (errors ignored): before the destination is released or reused,
+        even when the caller left early or was cancelled."""
+        if self._threads:
+            await asyncio.shield(asyncio.to_thread(concurrent.futures.wait, list(self._threads)))
+
+    async def finish(self) -> None:
+        """Every decode started so far, done; the first failure raised only once none is still writing."""
+        pending, self.pending = self.pending, []
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
