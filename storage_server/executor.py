@@ -251,7 +251,7 @@ class Executor:
         if d.client_decodes:  # http: slices as stored, the client decodes
             return await self._run_encoded(plan, transport, pacer, started)
         if plan.headers is not None:  # compressed chunks: the decode pipeline (no O_DIRECT groups, no L·S read-ahead)
-            return await self._run(plan, transport, pacer, started)
+            return await self._run(plan, transport, pacer, started, range(d.num_layers))
         resident = resident_fraction(plan.fds, plan.offsets)
         layer_bytes = len(plan.fds) * d.per_layer_chunk_bytes
         direct_possible = self._direct_possible(plan, transport)
