@@ -9,7 +9,7 @@ island node (no cluster) over the same upstream, one tenant:
   ``--repeats`` fresh chunk sets (a chunk is cold only once on each node).
 * **failover** — a prefix warm on B0 and C, fetched through A while B0 (its serving rate capped so
   the stream would take 2 s) is SIGKILLed as soon as it has served a chunk: the kv-get completes
-  through C. ``failover_added_s`` = that kv-get's
+  through C or the upstream (the path scheduler's choice for the rest). ``failover_added_s`` = that kv-get's
   time minus the undisturbed peer fetch of the same size.
 * **oracle** (``bench/cluster_oracle.py``) — a replayed trace over three fresh nodes with paced peer links, three
   times (``cluster.path_choice`` scheduler, peer-first, upstream): ``oracle_first_layer_error_p50`` and

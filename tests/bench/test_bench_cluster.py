@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from test_bench_smoke import run_bench
 
 
+@pytest.mark.timeout(600)  # the oracle case starts three trios of nodes beside the peer and failover cases
 def test_bench_cluster_on_moto(tmp_path):
     result = run_bench("cluster", "--upstreams", "moto", tmp_path=tmp_path)
     row = result["upstreams"]["moto"]
     assert row["paths"]["peer"]["chunk_paths"] == {"peer:b": row["payload_bytes"]}  # all from B's cache, none from the upstream
     assert row["paths"]["upstream"]["chunk_paths"] == {"upstream": row["payload_bytes"]}
     failover = row["failover"]
-    assert sum(failover["paths"].values()) == failover["paths"].get("peer:b0", 0) + failover["paths"]["peer:c"] == row["payload_bytes"]
+    # After the kill the path scheduler gives the rest to C or to the upstream, whichever it predicts faster.
+    assert sum(failover["paths"].values()) == row["payload_bytes"] and set(failover["paths"]) <= {"peer:b0", "peer:c", "upstream"}
     assert failover["killed_mid_transfer"] and failover["paths"]["peer:b0"] > 0  # the kill landed mid-stream
     assert result["peer_vs_upstream"] == row["peer_vs_upstream"] > 0 and math.isfinite(result["failover_added_s"])
     assert "saturated_speedup" in result and result["saturated_speedup"] is None  # not measured yet, and says so
