@@ -124,7 +124,9 @@ async def start_trio(up: upstreams.Upstream, mode: str, cache: int, peer_rate: f
     nodes: dict[str, BenchServer] = {}
     try:
         for name in NODES:
-            toml = node_toml(name, upstreams._free_port(), key, mode, peer_rate, fb_ms, cache, store_streams)
+            # Port 0: the peer listener binds any free port and the heartbeat record tells the others (a port picked
+            # beforehand can be taken meanwhile by the node's own RPC listener).
+            toml = node_toml(name, 0, key, mode, peer_rate, fb_ms, cache, store_streams)
             nodes[name] = start_server(toml, credentials=creds, store_toml=up.store_toml())
             creds = creds or (nodes[name].access_key, nodes[name].secret_key)
         wait_all_live(nodes)
