@@ -9,7 +9,7 @@ island node (no cluster) over the same upstream, one tenant:
   ``--repeats`` fresh chunk sets (a chunk is cold only once on each node).
 * **failover** — a prefix warm on B0 and C, fetched through A while B0 (its serving rate capped so
   the stream would take 2 s) is SIGKILLed as soon as it has served a chunk: the kv-get completes
-  through C. ``failover_added_s`` = that kv-get's
+  through C (these two cases run with ``path_choice = "peer-first"``: the peer path itself, no choice). ``failover_added_s`` = that kv-get's
   time minus the undisturbed peer fetch of the same size.
 * **oracle** (``bench/cluster_oracle.py``) — a replayed trace over three fresh nodes with paced peer links, three
   times (``cluster.path_choice`` scheduler, peer-first, upstream): ``oracle_first_layer_error_p50`` and
@@ -41,7 +41,10 @@ def cluster_toml(name: str, port: int, key: str, cache_bytes: int, serve_rate: f
     return (f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 16\n"
             f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\n'
             'registry_bucket = "oc-bench-cluster"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\nlookup_timeout_s = 1.0\n'
-            f"peer_timeout_s = 5.0\nfetch_concurrency = 4\nserve_max_bytes_per_s = {serve_rate}\n")
+            f"peer_timeout_s = 5.0\nfetch_concurrency = 4\nserve_max_bytes_per_s = {serve_rate}\n"
+            # These cases measure the peer path itself (and its failover): no path choice between it and the upstream
+            # (the oracle case, cluster_oracle.py, measures the path scheduler).
+            'path_choice = "peer-first"\n')
 
 
 def start_nodes(up: upstreams.Upstream, cache_bytes: int, slow_rate: float) -> tuple[dict[str, BenchServer], str]:

@@ -3,16 +3,18 @@
 Three cluster nodes (A, B, C: one zone, each in a rack of its own, so every peer link is the same-zone
 tier) over one upstream, each node's sending to its peers paced to ``--peer-mbps`` (its NIC,
 ``cluster.serve_max_bytes_per_s``, and the tier map's ``same_zone_gbps`` says the same). The upstream's
-first-byte time is measured first (median of a few GETs of one chunk) and configured
-(``upstream_first_byte_ms``): an operator's calibration, not a fit to the results.
+per-GET time and how many GETs it serves at once are measured first and configured
+(``upstream_first_byte_ms``, ``upstream_store_streams``): an operator's calibration, not a fit to the results.
 
 A replayed trace (the bundled Mooncake-format sample's prompt lengths, each request with probability 0.6
 the next turn of an earlier one: its whole prefix plus a few blocks; a block is one chunk, so requests
 sharing a prefix share chunks; every chunk starts in the upstream only) is sent request by
 request to A, B, C in turn. For each request the node is first asked ``kv-estimate`` for its own host
-(the oracle's predicted time to the first layer), then the kv-get runs. The same replay runs three
-times on fresh nodes, each with another ``cluster.path_choice``: ``scheduler`` (the path scheduler),
-``peer-first`` (path choice off: the longest warm run, then the upstream) and ``upstream`` (no peers).
+(the oracle's predicted time to the first layer), then the kv-get runs. Three trios of nodes run side by
+side, each with another ``cluster.path_choice`` and its own bucket: ``scheduler`` (the path scheduler),
+``peer-first`` (path choice off: the longest warm run, then the upstream) and ``upstream`` (no peers);
+request i runs on each trio in turn before request i + 1, so all three see the same moment of the
+machine's load.
 
 * ``oracle_first_layer_error_p50`` — median over the scheduler replay's requests (after the first
   ``WARMUP`` that teach the nodes their fixed costs) of |predicted − measured| / measured first layer,
@@ -43,13 +45,14 @@ NODES = ("a", "b", "c")
 WARMUP = 3  # requests whose prediction errors are left out: the nodes learn their fixed costs from them
 
 
-def node_toml(name: str, port: int, key: str, mode: str, peer_rate: float, first_byte_ms: float, cache_bytes: int) -> str:
+def node_toml(name: str, port: int, key: str, mode: str, peer_rate: float, first_byte_ms: float, cache_bytes: int,
+              store_streams: int = 0) -> str:
     return (f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 4\n"
             f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{port}"\nkey = "{key}"\n'
             f'registry_bucket = "oc-bench-oracle-{mode}"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\nlookup_timeout_s = 1.0\n'
             f'peer_timeout_s = 10.0\nfetch_concurrency = 4\nzone = "z1"\nrack = "r-{name}"\npath_choice = "{mode}"\n'
             f"cold_split_peers = 1\nserve_max_bytes_per_s = {peer_rate}\nsame_zone_gbps = {peer_rate * 8 / 1e9}\n"
-            f"upstream_first_byte_ms = {first_byte_ms}\nestimate_refresh_s = 0.5\n")
+            f"upstream_first_byte_ms = {first_byte_ms}\nupstream_store_streams = {store_streams}\nestimate_refresh_s = 0.5\n")
 
 
 def trace_requests(n: int, max_chunks: int, reuse: float = 0.6) -> list[list[int]]:
@@ -92,49 +95,86 @@ async def upload(node: BenchServer, bucket: str, keys: list[str], blob: bytes) -
         await asyncio.gather(*(one(k) for k in keys))
 
 
-async def first_byte_ms(node: BenchServer, bucket: str, key: str) -> float:
-    """The median of a few GETs of one chunk through an island node's S3 API (the upstream's request time)."""
-    times = []
-    async with s3_client(node.endpoint, node.access_key, node.secret_key) as s3:
-        for _ in range(7):
+async def calibrate(up: upstreams.Upstream, blob: bytes) -> tuple[float, int]:
+    """The upstream as an operator would measure it with an S3 client: the median time of one GET of a chunk (ms), and
+    how many GETs it serves at once (8 at once against one at a time, rounded)."""
+    bucket, key = "oc-bench-oracle-calibration", "probe"
+    async with s3_client(up.endpoint, up.access_key, up.secret_key) as s3:
+        await s3.create_bucket(Bucket=bucket)
+        await s3.put_object(Bucket=bucket, Key=key, Body=blob)
+
+        async def get() -> float:
             t0 = time.perf_counter()
             resp = await s3.get_object(Bucket=bucket, Key=key)
             await resp["Body"].read()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+            return time.perf_counter() - t0
+
+        one = statistics.median([await get() for _ in range(7)])
+        rounds = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            await asyncio.gather(*(get() for _ in range(8)))
+            rounds.append(time.perf_counter() - t0)
+    return one * 1e3, max(1, round(8 * one / statistics.median(rounds)))
 
 
-async def replay(up: upstreams.Upstream, mode: str, layout: KVLayout, requests: list[list[int]], blob: bytes,
-                 peer_rate: float, fb_ms: float, transport: str) -> list[dict]:
+async def start_trio(up: upstreams.Upstream, mode: str, cache: int, peer_rate: float, fb_ms: float, store_streams: int,
+                     creds: tuple[str, str] | None) -> dict[str, BenchServer]:
     key = secrets.token_urlsafe(33)
-    cache = 4 * layout.chunk_bytes * sum(len(r) for r in requests)
     nodes: dict[str, BenchServer] = {}
     try:
         for name in NODES:
-            toml = node_toml(name, upstreams._free_port(), key, mode, peer_rate, fb_ms, cache)
-            creds = (nodes["a"].access_key, nodes["a"].secret_key) if nodes else None
+            # Port 0: the peer listener binds any free port and the heartbeat record tells the others (a port picked
+            # beforehand can be taken meanwhile by the node's own RPC listener).
+            toml = node_toml(name, 0, key, mode, peer_rate, fb_ms, cache, store_streams)
             nodes[name] = start_server(toml, credentials=creds, store_toml=up.store_toml())
+            creds = creds or (nodes[name].access_key, nodes[name].secret_key)
         wait_all_live(nodes)
-        bucket = f"oracle-{mode}"
-        await upload(nodes["a"], bucket, sorted({k for r in requests for k in keys_of(r, layout)}), blob)
-        rows = []
-        for i, blocks in enumerate(requests):
-            name = NODES[i % len(NODES)]
-            node = nodes[name]
-            keys = keys_of(blocks, layout)
-            async with ObjectCacheClient(node.endpoint, node.access_key, node.secret_key, bucket=bucket) as c:
-                est = (await c.estimate(keys, [name], layout)).candidates[0]
-                t0 = time.perf_counter()
-                _, stats = await c.fetch(keys, layout, transport, mode="layerwise", verify=True)
-                wall = time.perf_counter() - t0
-            s = stats.server
-            rows.append({"node": name, "chunks": len(keys), "s": wall, "measured_first_layer_s": s.setup_s + s.first_layer_s,
-                         "predicted_first_layer_s": est.first_layer_s, "predicted_total_s": est.total_s,
-                         "predicted_path": [p.source for p in est.path], "paths": s.paths})
-        return rows
-    finally:
+    except BaseException:
         for n in nodes.values():
             n.stop()
+        raise
+    return nodes
+
+
+async def one_request(nodes: dict[str, BenchServer], bucket: str, name: str, keys: list[str], layout: KVLayout, transport: str) -> dict:
+    node = nodes[name]
+    async with ObjectCacheClient(node.endpoint, node.access_key, node.secret_key, bucket=bucket) as c:
+        est = (await c.estimate(keys, [name], layout)).candidates[0]
+        t0 = time.perf_counter()
+        _, stats = await c.fetch(keys, layout, transport, mode="layerwise", verify=True)
+        wall = time.perf_counter() - t0
+    s = stats.server
+    return {"node": name, "chunks": len(keys), "s": wall, "measured_first_layer_s": s.setup_s + s.first_layer_s,
+            "predicted_first_layer_s": est.first_layer_s, "predicted_total_s": est.total_s,
+            "predicted_path": [p.source for p in est.path], "paths": s.paths}
+
+
+async def replay(up: upstreams.Upstream, layout: KVLayout, requests: list[list[int]], blob: bytes,
+                 peer_rate: float, fb_ms: float, store_streams: int, transport: str) -> dict[str, list[dict]]:
+    """The replay under every path choice at once, request by request (request i under each mode, then i + 1), so the
+    modes see the same moment of a shared machine's load; each mode has its own three nodes and bucket."""
+    cache = 4 * layout.chunk_bytes * sum(len(r) for r in requests)
+    trios: dict[str, dict[str, BenchServer]] = {}
+    try:
+        creds = None
+        for mode in MODES:
+            trios[mode] = await start_trio(up, mode, cache, peer_rate, fb_ms, store_streams, creds)
+            creds = creds or (trios[mode]["a"].access_key, trios[mode]["a"].secret_key)
+        all_keys = sorted({k for r in requests for k in keys_of(r, layout)})
+        for mode, nodes in trios.items():
+            await upload(nodes["a"], f"oracle-{mode}", all_keys, blob)
+        rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for i, blocks in enumerate(requests):
+            keys = keys_of(blocks, layout)
+            for k in range(len(MODES)):  # the order rotates, so no mode is always first after a pause
+                mode = MODES[(i + k) % len(MODES)]
+                rows[mode].append(await one_request(trios[mode], f"oracle-{mode}", NODES[i % len(NODES)], keys, layout, transport))
+        return rows
+    finally:
+        for nodes in trios.values():
+            for n in nodes.values():
+                n.stop()
 
 
 def wait_all_live(nodes: dict[str, BenchServer]) -> None:
@@ -148,22 +188,17 @@ def wait_all_live(nodes: dict[str, BenchServer]) -> None:
 
 async def run_case(up: upstreams.Upstream, args: argparse.Namespace, layout: KVLayout) -> dict:
     """The oracle case on ``up``: three replays side by side and the two headline fields."""
-    n = 9 if args.quick else args.oracle_requests
-    requests = trace_requests(n, 8 if args.quick else 24)
+    n = 6 if args.quick else args.oracle_requests
+    requests = trace_requests(n, 4 if args.quick else 24)
     blob = np.random.default_rng(5).integers(0, 256, layout.chunk_bytes, dtype=np.uint8).tobytes()
     peer_rate = args.peer_mbps * 1e6
-    island = start_server(store_toml=up.store_toml())
-    try:
-        await upload(island, "oracle-calibration", ["probe"], blob)
-        fb_ms = await first_byte_ms(island, "oracle-calibration", "probe")
-    finally:
-        island.stop()
-    runs = {mode: await replay(up, mode, layout, requests, blob, peer_rate, fb_ms, args.transport) for mode in MODES}
+    fb_ms, store_streams = await calibrate(up, blob)
+    runs = await replay(up, layout, requests, blob, peer_rate, fb_ms, store_streams, args.transport)
     sched = runs["scheduler"]
     errors = [abs(r["predicted_first_layer_s"] - r["measured_first_layer_s"]) / r["measured_first_layer_s"]
               for r in sched[WARMUP:] if r["measured_first_layer_s"] > 0]
     regrets = [sched[i]["s"] / min(runs[m][i]["s"] for m in MODES) - 1 for i in range(len(sched))]
-    return {"requests": len(requests), "peer_bytes_per_s": peer_rate, "upstream_first_byte_ms": fb_ms,
+    return {"requests": len(requests), "peer_bytes_per_s": peer_rate, "upstream_first_byte_ms": fb_ms, "upstream_store_streams": store_streams,
             "oracle_first_layer_error_p50": statistics.median(errors) if errors else None,
             "path_regret_p50": statistics.median(regrets),
             "modes": {m: {"mean_s": statistics.mean(r["s"] for r in rs), "p50_s": statistics.median(r["s"] for r in rs),
@@ -182,7 +217,7 @@ def _path_totals(rows: list[dict]) -> dict[str, int]:
 
 def report(case: dict) -> None:
     print(f"\noracle case: {case['requests']} trace requests over A, B, C (peer links paced to {case['peer_bytes_per_s'] / 1e6:.0f} MB/s, "
-          f"upstream first byte {case['upstream_first_byte_ms']:.1f} ms)")
+          f"upstream first byte {case['upstream_first_byte_ms']:.1f} ms, {case['upstream_store_streams']} GET(s) at once)")
     for m, v in case["modes"].items():
         print(f"  path_choice={m:10s} mean {v['mean_s'] * 1e3:7.1f} ms  p50 {v['p50_s'] * 1e3:7.1f} ms  bytes by path {v['chunk_paths']}")
     err = case["oracle_first_layer_error_p50"]

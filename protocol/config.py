@@ -490,6 +490,9 @@ class ClusterConfig(Section):
     # The upstream store as a source: its bandwidth into one node and its first-byte time.
     upstream_gbps: float = 10.0
     upstream_first_byte_ms: float = 20.0
+    # GETs the upstream store serves at once for all nodes together (0: no shared limit, each node's link is its own);
+    # a small store (one moto, one SeaweedFS volume server) makes splitting a cold miss over nodes gain nothing.
+    upstream_store_streams: int = 0
     # How often measured per-link rates are folded into their EWMA (weight rate_ewma_alpha for the newest sample);
     # measurements older than estimate_stale_after_s are ignored (the configured tier map alone).
     estimate_refresh_s: float = 1.0
@@ -535,6 +538,7 @@ class ClusterConfig(Section):
             self.require(0 <= getattr(self, f"{tier}_latency_us") < math.inf, f"{tier}_latency_us", "must be >= 0 and finite")
         self.require(0 < self.upstream_gbps < math.inf, "upstream_gbps", "must be > 0 and finite")
         self.require(0 <= self.upstream_first_byte_ms < math.inf, "upstream_first_byte_ms", "must be >= 0 and finite")
+        self.require(self.upstream_store_streams >= 0, "upstream_store_streams", "must be >= 0 (0 = no shared limit)")
         self.require(self.estimate_refresh_s > 0, "estimate_refresh_s", "must be > 0")
         self.require(0 < self.rate_ewma_alpha <= 1, "rate_ewma_alpha", "must be in (0, 1]")
         self.require(self.estimate_stale_after_s > 0, "estimate_stale_after_s", "must be > 0")

@@ -16,6 +16,8 @@ The upstream is an object store read one GET per chunk, ``cache.fetch_concurrenc
 costs its first-byte time before its bytes flow, so for chunks of ``s`` bytes a node's upstream link
 carries ``1 / (first_byte / (streams·s) + 1 / bandwidth)`` bytes/s (:meth:`TierMap.upstream_rate`): small
 chunks are bound by request latency, large ones by bandwidth. The first GET's first byte starts the source.
+With ``cluster.upstream_store_streams`` set, every node's GETs also cross one shared ``upstream`` link (the
+store serving that many GETs at once), so shares of a cold miss over several nodes' links compete there.
 
 A node fetches every chunk it misses into its cache before the kv-get's first layer moves on (the
 pin precedes the transfer), so peer and upstream sources are ``store_and_forward``: their first
@@ -41,6 +43,7 @@ from scheduler.oracle import GBPS, LinkView, Placement, Tier, TierLink, ewma, ti
 from scheduler.paths import OracleView, Source, SourceKind
 
 UPSTREAM_TIER = Tier.CROSS_ZONE  # the upstream is reported as the farthest tier
+STORE_LINK = "upstream"  # the store itself, when its GETs at once for all nodes are limited (cluster.upstream_store_streams)
 
 
 def engine_link(node_id: str, host: str) -> str:
@@ -71,20 +74,23 @@ class TierMap:
     tiers: Mapping[Tier, TierLink]
     upstream: TierLink  # bandwidth into one node; latency = first-byte time of one GET
     upstream_streams: int = 4  # GETs one node has in flight at once (cache.fetch_concurrency)
+    store_streams: int = 0  # GETs the store serves at once for all nodes (0: no shared limit)
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig, upstream_streams: int = 4) -> "TierMap":
         tiers = {tier: TierLink(getattr(cfg, f"{name}_gbps") * GBPS, getattr(cfg, f"{name}_latency_us") * 1e-6)
                  for tier, name in ((Tier.SAME_HOST, "same_host"), (Tier.SAME_RACK, "same_rack"),
                                     (Tier.SAME_ZONE, "same_zone"), (Tier.CROSS_ZONE, "cross_zone"))}
-        return cls(tiers, TierLink(cfg.upstream_gbps * GBPS, cfg.upstream_first_byte_ms * 1e-3), max(1, upstream_streams))
+        return cls(tiers, TierLink(cfg.upstream_gbps * GBPS, cfg.upstream_first_byte_ms * 1e-3), max(1, upstream_streams),
+                   cfg.upstream_store_streams)
 
-    def upstream_rate(self, chunk_bytes: float) -> float:
-        """Bytes/s one node's GETs of ``chunk_bytes``-byte chunks bring: each GET's first byte, then its bytes."""
+    def upstream_rate(self, chunk_bytes: float, streams: int = 0) -> float:
+        """Bytes/s ``streams`` GETs at once (default: one node's) of ``chunk_bytes``-byte chunks bring: each GET's first
+        byte, then its bytes."""
         bw = self.upstream.bandwidth_bytes_per_s
         if chunk_bytes <= 0 or self.upstream.latency_s <= 0:
             return bw
-        return 1 / (self.upstream.latency_s / (self.upstream_streams * chunk_bytes) + 1 / bw)
+        return 1 / (self.upstream.latency_s / ((streams or self.upstream_streams) * chunk_bytes) + 1 / bw)
 
 
 @dataclass
@@ -154,10 +160,13 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             links[name] = _link(name, tier, tiers.tiers[tier], load)
         return name
 
-    def upstream_into(node_id: str) -> str:
+    def upstream_into(node_id: str) -> tuple[str, ...]:
         name = upstream_link(node_id)
         links.setdefault(name, _link(name, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes), 0.0), load))
-        return name
+        if not tiers.store_streams:
+            return (name,)
+        links.setdefault(STORE_LINK, _link(STORE_LINK, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes, tiers.store_streams), 0.0), load))
+        return (STORE_LINK, name)  # every node's GETs share the store
 
     sources = [Source("local", SourceKind.LOCAL, min(warm.get(me, 0), num_chunks), (eng,), startup_s=start.get("local", 0.0))]
     for node_id, chunks in sorted(warm.items()):
@@ -173,11 +182,11 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (name,), alive=node_id not in gone,
                                   startup_s=start.get("peer", 0.0), whole_only=True))
     up_start = tiers.upstream.latency_s + start.get("upstream", 0.0)
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (upstream_into(me), eng), startup_s=up_start,
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), eng), startup_s=up_start,
                           store_and_forward=True))
     for node_id in sorted(set(helpers) - {me}):
         # A helper's share pays the upstream's fixed cost and then a peer stream's (grant, connection, its first chunk).
-        sources.append(Source(f"upstream@{node_id}", SourceKind.UPSTREAM, num_chunks, (upstream_into(node_id), to_me(node_id), eng),
+        sources.append(Source(f"upstream@{node_id}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(node_id), to_me(node_id), eng),
                               alive=node_id not in gone, startup_s=up_start + start.get("peer", 0.0), store_and_forward=True))
     return OracleView(tuple(sources), links, stale_after_s)
 

@@ -8,7 +8,7 @@ import pytest
 from test_bench_smoke import run_bench
 
 
-@pytest.mark.timeout(600)  # nine nodes started and stopped (about 210 s on a loaded 2-core machine)
+@pytest.mark.timeout(900)  # the saturated case, then three trios of nodes for the oracle case, beside the peer and failover cases
 def test_bench_cluster_on_moto(tmp_path):
     result = run_bench("cluster", "--upstreams", "moto", tmp_path=tmp_path)
     row = result["upstreams"]["moto"]

@@ -104,7 +104,11 @@ def test_a_split_kv_get_is_served_by_the_cache_a_peer_and_two_nodes_upstream_lin
     before = len(moto.requests())
     payload, stats = run(_fetch(a, people["alice"], bucket, keys, layout=layout))
     assert np.array_equal(payload, reference(layout, chunks))
-    assert stats.server.paths == {"local": 10 * chunk, "peer:c": 10 * chunk, "upstream": 10 * chunk, "peer:b": 10 * chunk}
+    paths = stats.server.paths
+    assert (paths["local"], paths["peer:c"]) == (10 * chunk, 10 * chunk), paths
+    # The cold rest shared by A's and B's upstream links as the path scheduler balanced them (B's share also pays a peer
+    # stream's learnt fixed cost, so it may be a chunk or two smaller): both carry some, together all of it.
+    assert paths["upstream"] > 0 and paths["peer:b"] > 0 and paths["upstream"] + paths["peer:b"] == 20 * chunk, paths
     assert len(chunk_gets(moto, bucket, before)) == 20  # every cold chunk fetched once: half by A, half by B
 
 

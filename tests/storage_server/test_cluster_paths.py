@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from protocol.cluster import Heartbeat, NodeInfo
 from protocol.config import ClusterConfig
 from scheduler import PathRequest, choose_path
@@ -83,3 +85,13 @@ def test_the_peer_first_baseline_takes_the_longest_warm_run_then_the_upstream_wi
     assert got == [Action(Move.PEER, "c", 0, 25), Action(Move.OWN, "a", 25, 40)]  # c: the nearer of the two longest
     whole = build_view(ME, NODES, {"b": 40}, 40, TIERS, NodeLoad(), direct=True)
     assert actions(peer_first(PathRequest(40, 4096, 8), whole), "a") == [Action(Move.DIRECT, "b", 0, 40)]
+
+
+def test_a_store_shared_by_every_node_makes_splitting_a_cold_miss_over_nodes_gain_nothing():
+    import dataclasses
+
+    shared = dataclasses.replace(TIERS, store_streams=4)  # the store serves 4 GETs at once, as one node asks
+    view = build_view(ME, NODES, {"b": 0, "c": 0}, 40, shared, NodeLoad(), chunk_bytes=4096, helpers=("b", "c"))
+    assert view.links["upstream"].capacity_bytes_per_s == pytest.approx(shared.upstream_rate(4096))
+    got = actions(choose_path(PathRequest(40, 4096, 8), view, max_segments=3), "a")
+    assert got == [Action(Move.OWN, "a", 0, 40)]  # helpers' GETs would queue at the same store
