@@ -55,6 +55,16 @@ class CodecProfile:
 RAW_PROFILE = CodecProfile(RAW, 1.0, math.inf, lossy=False)
 
 
+def check_transfer(num_layers: int, payload_bytes: float, compute_per_layer_s: float) -> None:
+    """What every transfer these models take must be: at least one layer, a finite payload and compute window."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, not {num_layers}")
+    if not (payload_bytes >= 0 and math.isfinite(payload_bytes)):
+        raise ValueError(f"payload_bytes must be finite and >= 0, not {payload_bytes}")
+    if not (compute_per_layer_s >= 0 and math.isfinite(compute_per_layer_s)):
+        raise ValueError(f"compute_per_layer_s must be finite and >= 0, not {compute_per_layer_s}")
+
+
 @dataclass(frozen=True)
 class CodecRequest:
     """One transfer: its rate on its link (bytes/s; ``None``/0/NaN when not known yet), raw payload bytes,
@@ -69,14 +79,9 @@ class CodecRequest:
     compute_per_layer_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, not {self.num_layers}")
-        if not (self.payload_bytes >= 0 and math.isfinite(self.payload_bytes)):
-            raise ValueError(f"payload_bytes must be finite and >= 0, not {self.payload_bytes}")
+        check_transfer(self.num_layers, self.payload_bytes, self.compute_per_layer_s)
         if self.decode_workers < 0:
             raise ValueError(f"decode_workers must be >= 0, not {self.decode_workers}")
-        if not (self.compute_per_layer_s >= 0 and math.isfinite(self.compute_per_layer_s)):
-            raise ValueError(f"compute_per_layer_s must be finite and >= 0, not {self.compute_per_layer_s}")
 
     @property
     def rate_known(self) -> bool:

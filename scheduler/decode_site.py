@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .codec_choice import RAW, CodecProfile, pipeline_stall
+from .codec_choice import RAW, CodecProfile, check_transfer, pipeline_stall
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,7 @@ class DecodeSiteRequest:
     compute_per_layer_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, not {self.num_layers}")
-        if not (self.payload_bytes >= 0 and math.isfinite(self.payload_bytes)):
-            raise ValueError(f"payload_bytes must be finite and >= 0, not {self.payload_bytes}")
+        check_transfer(self.num_layers, self.payload_bytes, self.compute_per_layer_s)
         if self.node_workers < 1:
             raise ValueError(f"node_workers must be at least 1 (the node always decodes what it serves raw), not {self.node_workers}")
         if self.client_workers < 0:

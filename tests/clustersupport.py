@@ -50,6 +50,15 @@ def start_node(root: Path, name: str, upstream, tenants: list[TenantKeys], key: 
     return node
 
 
+def start_trio(root: Path, upstream, tenants: list[TenantKeys], key: str, **a_settings: object) -> dict[str, ServerProcess]:
+    """Nodes a, b and c over ``upstream`` finding each other through the registry (``a_settings``: node a's own
+    ``[cluster]`` settings), returned once each sees the other two live."""
+    nodes = {n: start_node(root, n, upstream, tenants, key, **(a_settings if n == "a" else {})) for n in ("a", "b", "c")}
+    for name, n in nodes.items():
+        wait_live(n, set(nodes) - {name})
+    return nodes
+
+
 def status(node: ServerProcess) -> dict:
     """The node's storage-server status (operator RPC over its Unix socket)."""
     with socket.socket(socket.AF_UNIX) as s:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -74,6 +75,11 @@ class MotoServer:
 
 
 _shared: list[MotoServer] = []
+
+
+def chunk_gets(moto: "MotoServer", bucket: str, since: int) -> list[str]:
+    """Upstream GETs of ``bucket``'s chunk objects (not ObjectCache's records, not listings) logged after request ``since``."""
+    return [r for r in moto.requests()[since:] if re.match(rf"GET /{bucket}/(?!\.objectcache)\S+ ", r)]
 
 
 def shared_moto(log_dir: Path) -> MotoServer:

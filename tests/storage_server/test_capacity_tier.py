@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, TenantKeys, boto_client, make_tenants
-from upstream import MotoServer, WeedServer, shared_weed
+from upstream import MotoServer, WeedServer, chunk_gets, shared_weed
 
 from bench.upstreams import weed_binary
 
@@ -36,11 +36,6 @@ def node_config(root: Path, name: str, moto: MotoServer | WeedServer, tenants: l
     text += "".join(f'[[tenants]]\nname = "{t.name}"\naccess_key = "{t.access_key}"\nsecret_key = "{t.secret_key}"\n' for t in tenants)
     (root / f"{name}.toml").write_text(text)
     return root / f"{name}.toml"
-
-
-def chunk_gets(moto: MotoServer, bucket: str, since: int) -> list[str]:
-    """Upstream GETs of chunk objects (not the bucket marker, not listings) logged after request number ``since``."""
-    return [r for r in moto.requests()[since:] if re.match(rf"GET /{bucket}/(?!\.objectcache)\S+ ", r)]
 
 
 def code(e: pytest.ExceptionInfo) -> str:

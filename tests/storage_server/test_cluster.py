@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 
 import numpy as np
 import pytest
-from clustersupport import cluster_key, diagnose, start_node, status, wait_for, wait_live
+from clustersupport import cluster_key, diagnose, start_node, start_trio, status, wait_for, wait_live
 from kvsupport import TRANSPORTS, client, keys_for, make_chunks, reference, run, tiny_layout
 from support import boto_client, make_tenants
-from upstream import MotoServer
+from upstream import MotoServer, chunk_gets
 
 from protocol.cluster_auth import PeerGrant, sign_call
 from protocol.rpc import Op, RpcRequest
@@ -26,10 +25,6 @@ from protocol.wire import encode_keys
 
 LAYOUT = tiny_layout(16, num_layers=8)  # S = 32 bytes, a chunk is 256 bytes
 CHUNK = LAYOUT.chunk_bytes
-
-
-def chunk_gets(moto: MotoServer, bucket: str, since: int) -> list[str]:
-    return [r for r in moto.requests()[since:] if re.match(rf"GET /{bucket}/(?!\.objectcache)\S+ ", r)]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +35,7 @@ def cluster(tmp_path_factory):
     people = make_tenants("alice", "bob")
     key = cluster_key()
     # A splits what no peer holds with one peer's upstream link (cluster.cold_split_peers).
-    nodes = {n: start_node(root, n, moto, people, key, **({"cold_split_peers": 1} if n == "a" else {})) for n in ("a", "b", "c")}
-    for name, n in nodes.items():
-        wait_live(n, set(nodes) - {name})
+    nodes = start_trio(root, moto, people, key, cold_split_peers=1)
     yield moto, nodes, {t.name: t for t in people}, key, root
     for n in nodes.values():
         n.stop()

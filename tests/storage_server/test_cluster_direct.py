@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import threading
 
 import numpy as np
 import pytest
-from clustersupport import cluster_key, diagnose, start_node, status, wait_for, wait_live
+from clustersupport import cluster_key, diagnose, start_node, start_trio, status, wait_for, wait_live
 from kvsupport import client, keys_for, make_chunks, reference, run, tiny_layout
 from support import boto_client, make_tenants
-from upstream import MotoServer
+from upstream import MotoServer, chunk_gets
 
 from client_sdk.rdma import rdma_available
 from protocol.cluster_auth import PeerGrant, sign_call
@@ -35,20 +34,13 @@ LAYOUT = tiny_layout(16, num_layers=8)  # S = 32 bytes, a chunk is 256 bytes
 CHUNK = LAYOUT.chunk_bytes
 
 
-def chunk_gets(moto: MotoServer, bucket: str, since: int) -> list[str]:
-    return [r for r in moto.requests()[since:] if re.match(rf"GET /{bucket}/(?!\.objectcache)\S+ ", r)]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("direct")
     moto = MotoServer(root / "moto.log").start()
     people = make_tenants("alice", "bob")
     key = cluster_key()
-    nodes = {n: start_node(root, n, moto, people, key, **({"direct_from_peers": True, "direct_split_peers": 1} if n == "a" else {}))
-             for n in ("a", "b", "c")}
-    for name, n in nodes.items():
-        wait_live(n, set(nodes) - {name})
+    nodes = start_trio(root, moto, people, key, direct_from_peers=True, direct_split_peers=1)
     yield moto, nodes, {t.name: t for t in people}, key, root
     for n in nodes.values():
         n.stop()
