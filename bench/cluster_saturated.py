@@ -39,7 +39,10 @@ def _toml(name: str, key: str, cache_bytes: int, cap_gbps: float, direct: bool) 
             '[storage_server]\ndata_listen = "127.0.0.1:0"\n'
             + (f"[bandwidth]\ncapacity_gbps = {cap_gbps}\nmargin_gbps = 0\n" if cap_gbps else "")
             + f'[cluster]\nnode_id = "{name}"\nlisten = "127.0.0.1:{upstreams._free_port()}"\nkey = "{key}"\n'
-            'registry_bucket = "oc-bench-saturated"\nheartbeat_s = 1.0\nmissed_heartbeats = 5\nlookup_timeout_s = 1.0\n'
+            'registry_bucket = "oc-bench-saturated"\nheartbeat_s = 1.0\nmissed_heartbeats = 30\nlookup_timeout_s = 1.0\n'
+            # The upstream is remote storage in this case (DualPath's setting): far enough that B's cache is the path
+            # both variants take, so what differs is only the route B's bytes travel, never which copy is read.
+            'upstream_first_byte_ms = 1000\n'
             f"peer_timeout_s = 5.0\ndirect_from_peers = {'true' if direct else 'false'}\n"
             f'[[tenants]]\nname = "background"\naccess_key = "{BG_KEY}"\nsecret_key = "{BG_SECRET}"\n')
 

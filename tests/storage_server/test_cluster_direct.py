@@ -159,9 +159,14 @@ def test_killing_the_writing_peer_mid_transfer_completes_the_kv_get_through_anot
         keys, chunks = keys_for(LAYOUT, n, bucket), make_chunks(LAYOUT, n, seed=11)
         run(_put(slow, people["alice"], bucket, keys, chunks))
         run(_put(c, people["alice"], bucket, keys, chunks))
+        for node in (slow, c):  # their NIXL agents are started (seconds on a busy machine: not what is measured)
+            run(_fetch(node, people["alice"], bucket, keys))
         before = len(moto.requests())
         t, result = _start_fetch(a, people, bucket, keys)
-        wait_for(lambda: _served(slow)["direct_layers"] >= 2, what="the slow peer writing")
+        try:
+            wait_for(lambda: _served(slow)["direct_layers"] >= 2, timeout_s=60.0, what="the slow peer writing")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; A's view: {diagnose(a)}") from None
         slow.kill()
         t.join(60)
         assert "error" not in result, result
