@@ -60,12 +60,15 @@ class DescriptorFlag(IntFlag):
     # count·width bytes instead of newline-separated text (content hashes: half the bytes, no separators).
     BINARY_KEY_SUFFIXES = 4
     CLIENT_DECODES = 8  # http only: compressed chunks travel as ENCODED frames and the client decodes them
+    # http only: a uint32 first layer follows (the load budget): the frames start at that layer, the ones before it
+    # are in the client's hands already (a kv-get resumed after the stream serving it broke, see client_sdk.stream)
+    FIRST_LAYER = 16
 
 
 # A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
 # so an old server never silently ignores a load budget.
 _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES
-                   | DescriptorFlag.CLIENT_DECODES)
+                   | DescriptorFlag.CLIENT_DECODES | DescriptorFlag.FIRST_LAYER)
 # Decoded key lists remembered by their bytes: a prefix fetched again decodes to the very same list with no
 # per-key work (and the storage server's resolved pins are found by that list). Bounded in lists and keys.
 KEY_MEMO_LISTS = 64
@@ -105,6 +108,8 @@ class Descriptor:
     # layerwise transfer at the first layer boundary it expects to cross the budget (KVLoadBudgetExceeded).
     load_budget_s: float = 0.0
     client_decodes: bool = False  # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk) for the client to decode
+    # http: the layers before this one are not sent (the client holds them from a stream that broke; offsets stay the whole payload's)
+    first_layer: int = 0
 
     @property
     def payload_bytes(self) -> int:
@@ -270,15 +275,20 @@ def encode_descriptor(d: Descriptor) -> bytes:
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
     if d.load_budget_s:
         window += struct.pack("<d", d.load_budget_s)
+    if d.first_layer:
+        window += struct.pack("<I", d.first_layer)
     return head + p + window + (binary if binary is not None else "\n".join(k[n:] for k in d.chunk_keys).encode())
 
 
 def _flags(d: Descriptor) -> int:
     if not (math.isfinite(d.load_budget_s) and d.load_budget_s >= 0):
         raise _bad("load_budget_s", f"must be a finite number of seconds >= 0, not {d.load_budget_s!r}")
+    if not 0 <= d.first_layer < d.num_layers:
+        raise _bad("first_layer", f"{d.first_layer} is outside 0..{d.num_layers - 1}")
     return ((0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS)
             | (DescriptorFlag.LOAD_BUDGET if d.load_budget_s else 0)
-            | (DescriptorFlag.CLIENT_DECODES if d.client_decodes else 0))
+            | (DescriptorFlag.CLIENT_DECODES if d.client_decodes else 0)
+            | (DescriptorFlag.FIRST_LAYER if d.first_layer else 0))
 
 
 def descriptor_transport(data: bytes) -> TransportKind | None:
@@ -312,6 +322,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad("flags", f"unknown flag bits {flags:#06x}")
     if flags & DescriptorFlag.CLIENT_DECODES and transport_v != TransportKind.HTTP:
         raise _bad("flags", "CLIENT_DECODES needs the http transport (the server writes decoded layers into shm and rdma memory)")
+    if flags & DescriptorFlag.FIRST_LAYER and transport_v != TransportKind.HTTP:
+        raise _bad("flags", "FIRST_LAYER needs the http transport (a resumed stream; shm and rdma memory is written by the server)")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -332,7 +344,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     pos = _DESC_HEAD.size
     window_at = pos + prefix_len
     budget_at = window_at + 8 * n_window
-    keys_at = budget_at + (8 if flags & DescriptorFlag.LOAD_BUDGET else 0)
+    first_at = budget_at + (8 if flags & DescriptorFlag.LOAD_BUDGET else 0)
+    keys_at = first_at + (4 if flags & DescriptorFlag.FIRST_LAYER else 0)
     if len(buf) < keys_at:
         raise _bad("descriptor", "truncated before the key list")
     window = struct.unpack_from(f"<{n_window}d", buf, window_at)
@@ -341,6 +354,9 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     budget = struct.unpack_from("<d", buf, budget_at)[0] if flags & DescriptorFlag.LOAD_BUDGET else 0.0
     if not (math.isfinite(budget) and budget >= 0) or (flags & DescriptorFlag.LOAD_BUDGET and budget == 0):
         raise _bad("load_budget_s", f"must be a finite number of seconds > 0 when its flag is set, not {budget!r}")
+    first_layer = struct.unpack_from("<I", buf, first_at)[0] if flags & DescriptorFlag.FIRST_LAYER else 0
+    if flags & DescriptorFlag.FIRST_LAYER and not 0 < first_layer < layers:
+        raise _bad("first_layer", f"{first_layer} is outside 1..{layers - 1} when its flag is set")
     binary = bool(flags & DescriptorFlag.BINARY_KEY_SUFFIXES)
     prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
     memo_key = (b"B" if binary else b"T") + prefix_len.to_bytes(2, "little") + count.to_bytes(4, "little") + prefix_and_keys
@@ -352,7 +368,7 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
-                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES))
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES), first_layer)
 
 
 # --- put batches ------------------------------------------------------------------
