@@ -61,8 +61,8 @@ def start_nodes(root: Path, upstream, tenants: list[TenantKeys], key: str, setti
     nodes = {n: node_process(root, n, upstream, tenants, key, **kw) for n, kw in settings.items()}
     start_together(list(nodes.values()))
     try:
-        for name, n in nodes.items():
-            wait_live(n, set(nodes) - {name})
+        for name, n in nodes.items():  # all started at once: each first sees the others once their first heartbeats land
+            wait_live(n, set(nodes) - {name}, timeout_s=60.0)
     except AssertionError as e:
         seen = "\n".join(f"--- node {name}:\n{diagnose(n)}" for name, n in nodes.items())
         for n in nodes.values():
@@ -107,5 +107,5 @@ def diagnose(node: ServerProcess) -> str:
     return "".join(lines[-40:]) + "\ncluster status: " + cluster
 
 
-def wait_live(node: ServerProcess, peers: set[str]) -> None:
-    wait_for(lambda: peers <= set(status(node)["cluster"]["live_peers"]), what=f"{sorted(peers)} live on the node")
+def wait_live(node: ServerProcess, peers: set[str], timeout_s: float = 20.0) -> None:
+    wait_for(lambda: peers <= set(status(node)["cluster"]["live_peers"]), timeout_s, what=f"{sorted(peers)} live on the node")
