@@ -81,3 +81,14 @@ def test_the_column_wise_key_encoder_agrees_with_the_per_key_rule(tails, head):
     assert bool(flags(body) & DescriptorFlag.BINARY_KEY_SUFFIXES) == (binary is not None)
     if binary is not None:
         assert body[HEAD.size + len(p):] == binary
+
+
+def test_a_key_list_encoded_again_comes_from_the_memo_with_this_descriptors_own_header():
+    from protocol import wire
+    keys = [f"again/{i:032x}" for i in range(300)]
+    first = encode_descriptor(descriptor(keys))
+    hits = wire._ENCODED_MEMO.hits
+    other = Descriptor(list(keys), 4, 16, 8, Target(region_id=b"r" * 16, token=b"t" * 16, length=len(keys) * 32))
+    again = encode_descriptor(other)
+    assert wire._ENCODED_MEMO.hits == hits + 1  # equal keys (another list): no per-key work
+    assert again[HEAD.size:] == first[HEAD.size:] and decode_descriptor(again) == other
