@@ -6,8 +6,9 @@ N chunks of G tokens, delivered layer-major (``[layer][chunk][slice]``) into the
 * **memcpy** — the pre-assembled payload copied layer by layer (the ceiling on this host);
 * **ObjectCache-shm / -http / -rdma** — one ``fetch_layers`` (the storage server writes a shared
   region / its data endpoint streams frames / NIXL one-sided writes, where nixl is installed);
-* **ObjectCache-shm-local** — shm through the local fast path (``local_session=True``: one signed
-  session registration, then each kv-get straight to the storage server's session socket);
+* **ObjectCache-shm-local** — shm through the local fast path (the SDK's default on the node's host: one
+  signed session registration, then each kv-get straight to the storage server's session socket);
+  **ObjectCache-shm** is shm through the gateway (``local_session=False``);
 * **Mooncake-shm / Mooncake-TCP** — Mooncake Store (``mooncake_master`` + ``mooncake_client`` holding
   the segment): one ``batch_get_into`` per layer, same-host shared memory or the TCP transport;
 * **LMCache-server** — LMCache's ``lm://`` server, one GET per chunk (its unit: all layers);
@@ -213,7 +214,7 @@ async def run_all(args: argparse.Namespace, cases: list[tuple[int, int]]) -> tup
     srv, peers = started
     try:
         rows = []
-        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers") as c, \
+        async with ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers", local_session=False) as c, \
                 ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers", local_session=True) as local:
             await c.ensure_bucket()
             for g, n in progress(cases, desc="peers"):

@@ -51,7 +51,7 @@ from .destinations import Destination, Destinations, HttpDestinations, ShmDestin
 from .direct import DirectFrameStream
 from .frames import FrameStream
 from .layout import KVLayout
-from .local_session import LocalSession, NoResponse
+from .local_session import FastPathUnavailable, LocalSession, NoResponse
 from .rdma import RdmaDestinations, rdma_available
 from .s3_errors import S3_CALL_ERRORS, client_error_code, from_botocore
 from .stream import FetchStats, LayerStream
@@ -111,7 +111,11 @@ class ObjectCacheClient:
 
     ``local_session`` (shm fetches): register one session of the local fast path
     (:mod:`protocol.session`) with a signed request, then send each kv-get straight to
-    the storage server's session socket, without HTTP, SigV4 or the gateway.
+    the storage server's session socket, without HTTP, SigV4 or the gateway. ``None``
+    (the default): do so where the node offers it, else (its fast path is off, the
+    gateway predates it, its socket is out of reach) send kv-gets through the gateway,
+    with the same checks; ``True``: only the fast path (its errors raise); ``False``:
+    always the gateway.
 
     ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
     ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
@@ -121,7 +125,7 @@ class ObjectCacheClient:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
                  shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
-                 open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool = False,
+                 open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool | None = None,
                  decode_threads: int = 2) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
@@ -140,7 +144,7 @@ class ObjectCacheClient:
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout)
         self._http: aiohttp.ClientSession | None = None
-        self._local = LocalSession(self._register_session, read_timeout) if local_session else None
+        self._local = None if local_session is False else LocalSession(self._register_session, read_timeout, optional=local_session is None)
         self._s3_ctx = None
         self.s3: Any = None  # aiobotocore S3 client for plain S3 calls
         self._destinations: dict[TransportKind, Destinations] = {
@@ -283,13 +287,18 @@ class ObjectCacheClient:
         once) that each fit a ``payload_bytes`` payload, registers them with the
         storage server (the hand-over round trips) and faults in every page, so
         a later ``fetch``/``fetch_layers`` over shm reuses them with none of that
-        left to do. Needs the storage server on this host, like shm itself.
+        left to do; with the local fast path, its session is registered too.
+        Needs the storage server on this host, like shm itself.
         """
         if payload_bytes <= 0 or regions < 1:
             raise ValueError("warm_up needs payload_bytes > 0 and regions >= 1")
         shm = self._destinations[TransportKind.SHM]
         assert isinstance(shm, ShmDestinations)
         await shm.warm_up(payload_bytes, regions)
+        if self._local is not None:
+            # The fast path's session too; best effort (the bucket may not exist yet): the first fetch registers it otherwise.
+            with contextlib.suppress(FastPathUnavailable, S3Error):
+                await self._local.prepare()
 
     async def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist yet (plain S3, through aiobotocore).
@@ -472,8 +481,11 @@ class ObjectCacheClient:
     async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[Any, FrameStream | DirectFrameStream]:
         """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for
         (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability)."""
-        if self._local is not None and kind == TransportKind.SHM:
-            return NoResponse(), await self._local.open(body)
+        if self._local is not None and kind == TransportKind.SHM and self._local.available():
+            try:
+                return NoResponse(), await self._local.open(body)
+            except FastPathUnavailable as e:
+                log.info("kv-get through the gateway: %s", e)
         direct = self.direct and kind == TransportKind.HTTP
         resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
         if resp.content_type != GRANT_CONTENT_TYPE:

@@ -3,6 +3,10 @@
 The session is registered lazily, on the first shm fetch, and again when the
 storage server no longer knows it (restarted, expired, dropped at the tenant's
 cap). It is bound to this process: a forked child registers its own.
+
+An *optional* session (the SDK's default, ``local_session=None``) steps aside where the
+node does not offer the fast path: :class:`FastPathUnavailable` tells the client to send
+that kv-get through the gateway instead, which gives the same guarantees.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from .direct import CONNECT_TIMEOUT_S, DirectFrameStream
 
 # A session this close to its expiry is registered afresh before a fetch rather than risk it lapsing mid-request.
 RENEW_MARGIN_S = 30.0
+# An optional session whose socket could not be reached is tried again after this long (the gateway path meanwhile).
+RETRY_UNREACHABLE_S = 30.0
+
+
+class FastPathUnavailable(Exception):
+    """An optional session cannot serve this kv-get (the node has no fast path, or its socket is out of reach): use the gateway."""
 
 
 class NoResponse:
@@ -38,8 +48,11 @@ class NoResponse:
 class LocalSession:
     """``register`` sends the signed ``kv-session`` request (through the gateway) and returns its ticket."""
 
-    def __init__(self, register: Callable[[], Awaitable[SessionTicket]], read_timeout: float) -> None:
+    def __init__(self, register: Callable[[], Awaitable[SessionTicket]], read_timeout: float, optional: bool = False) -> None:
         self._register = register
+        self.optional = optional
+        self._off_until = 0.0  # optional and unavailable: the gateway path until then (inf: the node has none)
+        self.unavailable = ""  # why, for logs and tests
         self._timeout = read_timeout
         self._socket = ""
         self._grant: SessionGrant | None = None
@@ -50,10 +63,30 @@ class LocalSession:
     def forget(self) -> None:
         self._grant = None
 
+    def available(self) -> bool:
+        """False while an optional session stepped aside (see :class:`FastPathUnavailable`)."""
+        return time.monotonic() >= self._off_until
+
+    def _step_aside(self, why: str, for_s: float) -> FastPathUnavailable:
+        self.forget()
+        self._off_until, self.unavailable = time.monotonic() + for_s, why
+        return FastPathUnavailable(why)
+
+    async def prepare(self) -> None:
+        """Register the session now (``warm_up``), not on the first fetch."""
+        if self.available():
+            await self._current()
+
     async def _current(self) -> SessionGrant:
         async with self._lock:
             if self._grant is None or self._pid != os.getpid() or time.monotonic() > self._expires - RENEW_MARGIN_S:
-                ticket = await self._register()
+                try:
+                    ticket = await self._register()
+                except S3Error as e:
+                    # NotImplemented: the node's fast path is off (max_sessions_per_tenant = 0), or the gateway predates it.
+                    if not self.optional or e.code is not ErrorCode.NotImplemented:
+                        raise
+                    raise self._step_aside(f"the node offers no local fast path ({e.code.name}: {e.message})", float("inf")) from None
                 reply = await self._request(ticket.socket, RpcRequest(Op.KV_SESSION_BIND, {"ticket": ticket.ticket}), b"")
                 grant = SessionGrant.from_json(decode_reply(await reply._read_line()))
                 reply.close()
@@ -90,6 +123,8 @@ class LocalSession:
             await loop.sock_sendall(sock, request.encode() + body)
         except (OSError, asyncio.TimeoutError) as e:
             sock.close()
+            if self.optional:  # another mount namespace, or the storage server restarting: the gateway path for now
+                raise self._step_aside(f"the session socket {path} is not reachable ({type(e).__name__}: {e})", RETRY_UNREACHABLE_S) from None
             raise S3Error(ErrorCode.ServiceUnavailable, f"the storage server's session socket {path} is not reachable "
                           f"({type(e).__name__}: {e})") from None
         return DirectFrameStream(sock, self._timeout)

@@ -209,6 +209,7 @@ class LayerStream:
                 return frame.layer, view
             elif frame.type == FrameType.END:
                 self.stats.server = TransferStats.from_json(await self._frames.read_json(frame))
+                self.stats.request_id = self.stats.request_id or self.stats.server.request_id  # the session path: the node's id
                 self.stats.client_total_s = time.perf_counter() - self._started
                 self._done = True
                 if self._next != self.num_layers:

@@ -17,9 +17,10 @@ def uncached_fds(status: dict) -> int:
     return status["open_fds"] - status["open_file_cache"]["files"]
 
 
-@pytest.mark.parametrize("transport", [*TRANSPORTS, "http-relay"])
+@pytest.mark.parametrize("transport", [*TRANSPORTS, "http-relay", "shm-relay"])
 def test_leaving_early_frees_everything(gated_node, tenants, transport):
-    """Over http both ways: from the data endpoint (this node has one) and relayed by the gateway."""
+    """Over http both ways: from the data endpoint (this node has one) and relayed by the gateway; over shm both
+    ways: through the local fast path (the SDK's default on the node's host) and through the gateway."""
     server, gate = gated_node, gated_node.gate
     bucket = f"kv-cancel-{transport}"
     transport, direct = transport.removesuffix("-relay"), not transport.endswith("-relay")
@@ -38,11 +39,12 @@ def test_leaving_early_frees_everything(gated_node, tenants, transport):
             await asyncio.sleep(0.05)
 
     async def scenario():
-        async with client(server, tenants["alice"], bucket) as c:
-            c.direct = direct
+        t = tenants["alice"]
+        async with ObjectCacheClient(server.endpoint, t.access_key, t.secret_key, bucket=bucket, direct=direct,
+                                     local_session=None if direct else False) as c:
             await c.put_chunks(keys, make_chunks(layout, 500, seed=5), layout)
             _, stats = await c.fetch(keys[:1], layout, transport)  # warm up: regions registered, connections open
-            assert stats.direct == (direct and transport == "http")
+            assert stats.direct == (direct and transport in ("http", "shm"))
             before = rpc(server.rpc_socket, "status")
             gate.hold_before(3)
             async with c.fetch_layers(keys, layout, transport=transport, mode="layerwise") as layers:

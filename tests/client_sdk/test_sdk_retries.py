@@ -74,7 +74,8 @@ def test_a_fetch_started_while_the_gateway_restarts_succeeds_through_the_retry(s
     port = gateway.port
 
     async def scenario():
-        async with sdk(gateway, tenant, retries=10, backoff=0.1) as c:
+        # local_session=False: shm kv-gets through the gateway (the local fast path would not notice its restart).
+        async with sdk(gateway, tenant, retries=10, backoff=0.1, local_session=False) as c:
             await c.put_chunks(keys, chunks, layout)
             await c.fetch(keys, layout, transport)  # shm: the region is registered before the restart
             gateway.stop()
@@ -155,7 +156,7 @@ def test_a_stream_that_already_delivered_layers_is_not_retried(tmp_path, caplog,
         keys, chunks = keys_for(layout, 64, "mid"), make_chunks(layout, 64, seed=8)
 
         async def scenario():
-            async with sdk(gateway, tenant, retries=10, backoff=0.1) as c:
+            async with sdk(gateway, tenant, retries=10, backoff=0.1, local_session=False) as c:  # shm through the gateway too
                 await c.put_chunks(keys, chunks, layout)
                 seen = []
                 with pytest.raises(ObjectCacheError) as e:

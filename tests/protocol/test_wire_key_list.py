@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import S3Error
 from protocol.wire import Descriptor, DescriptorFlag, Target, decode_descriptor, encode_descriptor
@@ -50,3 +53,42 @@ def test_a_binary_key_list_of_the_wrong_length_is_refused_naming_the_field():
         with pytest.raises(S3Error) as e:
             decode_descriptor(bad)
         assert e.value.extra["Field"] == "chunk_keys"
+
+
+def per_key_section(keys: list[str]) -> tuple[str, bytes | None]:
+    """The key section's rule, key by key (what the column-wise encoder must agree with): the common prefix, cut
+    back to an even suffix width, then raw bytes where every suffix is lowercase hex of one even width."""
+    prefix = os.path.commonprefix(keys)
+    if (len(keys[0]) - len(prefix)) % 2 and prefix:
+        prefix = prefix[:-1]
+    suffixes = [k[len(prefix):] for k in keys]
+    width = len(suffixes[0])
+    if not 2 <= width <= 510 or width % 2 or any(len(s) != width or not set(s) <= set("0123456789abcdef") for s in suffixes):
+        return prefix, None
+    return prefix, bytes([width // 2]) + bytes.fromhex("".join(suffixes))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text("0123456789abcdefAg/:`@\u00e9", min_size=1, max_size=10), min_size=2, max_size=6),
+       st.text("0123456789abcdef/", max_size=6))
+def test_the_column_wise_key_encoder_agrees_with_the_per_key_rule(tails, head):
+    keys = [head + t for t in tails]
+    body = encode_descriptor(descriptor(keys))
+    assert decode_descriptor(body).chunk_keys == keys
+    prefix, binary = per_key_section(keys)
+    p = prefix.encode()
+    assert body[HEAD.size:HEAD.size + len(p)] == p and HEAD.unpack_from(body)[-2] == len(p)
+    assert bool(flags(body) & DescriptorFlag.BINARY_KEY_SUFFIXES) == (binary is not None)
+    if binary is not None:
+        assert body[HEAD.size + len(p):] == binary
+
+
+def test_a_key_list_encoded_again_comes_from_the_memo_with_this_descriptors_own_header():
+    from protocol import wire
+    keys = [f"again/{i:032x}" for i in range(300)]
+    first = encode_descriptor(descriptor(keys))
+    hits = wire._ENCODED_MEMO.hits
+    other = Descriptor(list(keys), 4, 16, 8, Target(region_id=b"r" * 16, token=b"t" * 16, length=len(keys) * 32))
+    again = encode_descriptor(other)
+    assert wire._ENCODED_MEMO.hits == hits + 1  # equal keys (another list): no per-key work
+    assert again[HEAD.size:] == first[HEAD.size:] and decode_descriptor(again) == other
