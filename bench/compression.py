@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 from protocol.codecs import CODEC_NAMES
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> dict:
     for pinned in ((True,) if args.quick else (True, False)):
         split = compression_interference.core_split() if pinned else None
         where = f"engine on cores {sorted(split[0])}, node on {sorted(split[1])}" if split else "unpinned: both on every core"
-        print(f"\n## Interference: a compute loop while {args.workers} threads decode {interf_codec} ({args.interference_s:g} s each; {where})")
+        print(f"\n## Interference: a compute loop while {args.workers} threads decode {interf_codec} ({args.interference_s:g} s each; {where}; "
+              f"{len(os.sched_getaffinity(0))} cores, load {os.getloadavg()[0]:.1f}: with few or busy cores the node's process competes too)")
         runs = compression_interference.measure(interf_codec, blobs, primary.slice_bytes, primary.layout, args.workers, args.interference_s,
                                                 pinned)
         alone = runs[0].compute_iters_per_s
@@ -186,7 +188,11 @@ def run(args: argparse.Namespace) -> dict:
                    "ttft_ratio_fastest_link": "through a node at the fastest link: decode=\"auto\"'s TTFT / raw chunks' TTFT (≤ 1: never worse than raw)",
                    "model_sweep_*": "the same ratios in the node-less sweep, where the adaptive column is scheduler.choose_codec's pick"},
         "node": node,
-        "interference": {"codec": interf_codec, "seconds": args.interference_s, "rows": inter_rows},
+        "interference": {"codec": interf_codec, "seconds": args.interference_s, "rows": inter_rows, "cores": len(os.sched_getaffinity(0)),
+                         "load_1min": round(os.getloadavg()[0], 2),
+                         "caveat": "ShadowServe's decode runs on a SmartNIC's own cores; here the node's process shares this machine's "
+                                   "cores (pinned to half of them, or unpinned) and any other load on it, so with few or busy cores "
+                                   "a separate process competes for CPU about as much as threads in the engine's process do"},
         "capacity_cold": capacity,
     }
     result["targets"] = targets(result)
@@ -229,7 +235,7 @@ def plot(result: dict, fig) -> None:
     ax = fig.add_subplot(1, 3, 1)
     for codec in rows[0]["codecs"]:
         ax.plot(rates, [r["codecs"][codec]["ttft_s"] * 1e3 for r in rows], marker=".", label=codec, alpha=0.7)
-    ax.plot(rates, [r["adaptive"]["ttft_s"] * 1e3 for r in rows], "k--", lw=2, label="adaptive")
+    ax.plot(rates, [r["adaptive"]["ttft_s"] * 1e3 for r in rows], "k--", lw=2, label="adaptive (model sweep)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("link Gbps")

@@ -54,13 +54,16 @@ class Engine:
             self.lines.put(line)
         self.lines.put(None)
 
-    def generate(self, prompt: list[int], timeout: float = 300) -> dict:
+    def generate(self, prompt: list[int], timeout: float = 600) -> dict:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"prompts": [prompt], "max_tokens": MAX_TOKENS}) + "\n")
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
         while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no result in {timeout:.0f} s; the engine said:\n" + "".join(self.output[-60:])) from None
             assert line is not None, "the engine exited:\n" + "".join(self.output[-60:])
             if line.startswith("RESULT "):
                 return json.loads(line[len("RESULT "):])[0]
@@ -94,6 +97,7 @@ def node(tmp_path_factory):
     proc.stop()
 
 
+@pytest.mark.timeout(900)  # building the model and starting one CPU engine: minutes on a loaded 2-core machine
 def test_int8_chunks_give_the_reference_greedy_tokens(node, model_dir, tmp_path):
     proc, tenant = node
     engine = Engine({"model": model_dir, "extra_config": {"endpoint": proc.endpoint, "access_key": tenant.access_key,
