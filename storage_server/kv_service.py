@@ -396,8 +396,10 @@ class KVService:
         """DECODE_AUTO with chunks stored compressed: decode here or send them as stored (``reads.send_encoded``),
         by the break-even model over the pool's grant (or the client's declared rate) and the measured decoders."""
         d = info.descriptor
-        if reads.headers is None or not (d.decode_auto or d.client_decodes):
+        if reads.headers is None:
             return {}
+        if not (d.decode_auto or d.client_decodes):
+            return {"site": "node", "reason": "decode='node' (shm and rdma always)", "wire_bytes": d.payload_bytes}
         s = d.per_layer_chunk_bytes
         wire = sum(wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers))
         if d.client_decodes:

@@ -74,7 +74,8 @@ def test_bench_compression_quick_report(tmp_path):
     # the headline fields are auto's (the kv-get path's own choice), the link carried what each site implies.
     node = result["node"]
     assert node["measured"] is True and node["codec"] in CODEC_NAMES and node["codec"] != "none"
-    assert [row["link_gbps"] for row in node["rows"]] == [rates[0], rates[-1]]
+    node_rates = [row["link_gbps"] for row in node["rows"]]
+    assert node_rates == sorted(node_rates) and node_rates[0] <= 1 and node_rates[-1] == rates[-1]
     for row in node["rows"]:
         v = row["variants"]
         assert all(positive(v[name]["ttft_s"]) for name in ("raw", "node", "client", "auto"))

@@ -25,9 +25,11 @@ def node(tmp_path_factory):
     config = write_config(root / "c.toml", root / "data", people,
                           extra='\n[bandwidth]\ncapacity_gbps = 0.08\npolicy = "equal"\nburst_layers = 0\n')
     proc = ServerProcess(config).start()
-    boto_client(proc.endpoint, people[0]).create_bucket(Bucket="kvz")
-    yield proc, people[0]
-    proc.stop()
+    try:
+        boto_client(proc.endpoint, people[0]).create_bucket(Bucket="kvz")
+        yield proc, people[0]
+    finally:
+        proc.stop()
 
 
 def _fetches(proc, alice, name: str, fetches: list[dict], link_gbps: float = 0.0):
@@ -66,7 +68,7 @@ def test_an_unpaced_kv_get_follows_the_declared_link_rate(node):
     _, [slow] = _fetches(proc, alice, "unpaced-slow", [{"mode": "chunkwise"}], link_gbps=0.01)
     assert slow.server.decode_site["site"] == "client", slow.server.decode_site
     _, [forced] = _fetches(proc, alice, "forced-node", [{"mode": "chunkwise", "decode": "node"}], link_gbps=0.01)
-    assert forced.server.decode_site == {}  # decode="node" asks for no choice
+    assert forced.server.decode_site["site"] == "node" and "decode='node'" in forced.server.decode_site["reason"]  # no choice asked for
 
 
 def test_the_node_reads_its_decode_figures_from_the_pipelines_meters():
