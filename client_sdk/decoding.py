@@ -96,6 +96,8 @@ class LayerDecodes:
 
     async def finish(self) -> None:
         """Every decode started so far, done; the first failure raised only once none is still writing."""
+        if not self.pending:  # decode="auto" and the node decoded: nothing to wait for on this layer
+            return
         pending, self.pending = self.pending, []
         results = await asyncio.gather(*pending, return_exceptions=True)
         for r in results:
