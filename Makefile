@@ -8,6 +8,10 @@ ARGS ?=
 # pytest-xdist workers for `make test` (auto: one per core). Tests start their own servers on free
 # ports and directories, so they run side by side; PYTEST_WORKERS=0 runs them in one process.
 PYTEST_WORKERS ?= auto
+# Whole modules to each worker (a module's servers, clusters and vLLM engines start once, not on both workers as
+# --dist load's item-wise split did), longest first: tests/conftest.py's LONGEST_FIRST order, which xdist keeps
+# with --no-loadscope-reorder (it would otherwise sort modules by their number of tests).
+PYTEST_DIST ?= --dist loadfile --no-loadscope-reorder
 NIXL_SPEC ?= nixl==1.5.1 nixl-cu12==1.5.1
 
 BIN := $(VENV)/bin
@@ -91,7 +95,7 @@ serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
 test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd peers
-	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
+	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(ARGS)
 
 # A developer's quick subset (a minute or two): the protocol, the pure policies, the package boundaries and
 # the routing table, no server processes. `make test` before pushing.

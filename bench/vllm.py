@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .harness import REPO, add_bench_parser, finish, grouped_bars, print_table, s3_client, start_server
+from .lifeline import spawn
 from .vllm_engine import BLOCK, ENV
 from .vllm_model import SIZES, build, vocabulary
 
@@ -56,11 +57,18 @@ def _prompts(lengths: list[int], vocab: int, seed: int = 11) -> dict[int, dict]:
 def _engine(spec: dict, workdir: Path, timeout: float) -> dict:
     path = workdir / f"spec-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(spec))
-    r = subprocess.run([sys.executable, "-m", "bench.vllm_engine", str(path)], capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                       env={**os.environ, **ENV, "PYTHONPATH": str(REPO)})
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"vLLM engine ({spec['path']}) failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    # spawn: the engine ends with this benchmark even when a timeout SIGKILLs it (subprocess.run's kill reaches only us).
+    proc = spawn([sys.executable, "-m", "bench.vllm_engine", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                 env={**os.environ, **ENV, "PYTHONPATH": str(REPO)})
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM engine ({spec['path']}) failed:\n{(stdout + stderr)[-4000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -429,9 +430,17 @@ class ObjectCacheClient:
         started = time.perf_counter()
         resp = None
         frames: FrameStream | DirectFrameStream | None = None
+        opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
         dest: Destination | None = None
         auto = decode == "auto" and kind == TransportKind.HTTP
         decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
+
+        async def resume(first_layer: int) -> tuple[Any, FrameStream | DirectFrameStream]:
+            """The layers from ``first_layer`` on, asked again of this client's node (a peer's stream of them broke)."""
+            again = encode_descriptor(dataclasses.replace(descriptor, first_layer=first_layer))
+            opened.append(await self._retrying(f"kv-get of {len(keys)} chunk(s) from layer {first_layer}", lambda: self._open_frames(kind, again)))
+            return opened[-1]
+
         try:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
@@ -453,18 +462,22 @@ class ObjectCacheClient:
                     destinations.forget_idle()
                     dest = None
             assert resp is not None and dest is not None and frames is not None
+            opened.append((resp, frames))
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed, decodes, layout.per_layer_chunk_bytes)
+                                 started, landed, decodes, layout.per_layer_chunk_bytes, resume)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
-                resp.close()
+                opened[-1][0].close()
         finally:
-            if isinstance(frames, DirectFrameStream):
-                frames.close()
-            if resp is not None:
-                resp.release()
+            if frames is not None and not opened:
+                opened.append((resp, frames))
+            for r, f in opened:
+                if isinstance(f, DirectFrameStream):
+                    f.close()
+                if r is not None:
+                    r.release()
             if decodes is not None:
                 await decodes.drain()  # no decode thread still writes into the destination once it is released
             if dest is not None:

@@ -31,6 +31,9 @@ class DirectFrameStream:
         self._pending = memoryview(b"")
         self._eof = False
         self.accepted: KVGetAccepted | None = None
+        self.grant: DirectGrant | None = None
+        # The stream broke (ended, or sent nothing within the read timeout) rather than answered: what a resume is for.
+        self.broken = False
 
     @classmethod
     async def open(cls, grant: DirectGrant, descriptor: bytes, read_timeout: float) -> "DirectFrameStream":
@@ -47,7 +50,9 @@ class DirectFrameStream:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await asyncio.wait_for(loop.sock_connect(sock, addr), CONNECT_TIMEOUT_S)
-            stream = cls(sock, read_timeout)
+            # A peer's stream is given up after the grant's stall bound (the client resumes through its own node).
+            stream = cls(sock, min(read_timeout, grant.stall_s) if grant.peer and grant.stall_s > 0 else read_timeout)
+            stream.grant = grant
             await loop.sock_sendall(sock, RpcRequest(Op.KV_GET, {"ticket": grant.ticket}, len(descriptor)).encode() + descriptor)
             stream.accepted = KVGetAccepted.from_json(decode_reply(await stream._read_line()))
             return stream
@@ -76,7 +81,8 @@ class DirectFrameStream:
             async with asyncio.timeout(self._timeout):  # a deadline, not a task per wait (wait_for would make one)
                 return await asyncio.get_running_loop().sock_recv_into(self._sock, view)
         except TimeoutError:
-            raise S3Error(ErrorCode.RequestTimeout, "the KV stream sent nothing within the client's read_timeout") from None
+            self.broken = True
+            raise S3Error(ErrorCode.RequestTimeout, f"the KV stream sent nothing within {self._timeout:g} s") from None
         except OSError:
             return 0
 
@@ -99,7 +105,7 @@ class DirectFrameStream:
         while pos < n:
             got = await self._recv_into(dest[pos:n])
             if not got:
-                self._eof = True
+                self._eof = self.broken = True
                 raise S3Error(ErrorCode.ServiceUnavailable, "The KV stream ended in the middle of a frame (the storage server went away).")
             if received is not None:
                 received(dest[pos : pos + got])
@@ -114,6 +120,7 @@ class DirectFrameStream:
         head = bytearray(FRAME_SIZE)
         got = await self._recv_into(memoryview(head))
         if not got:
+            self.broken = True  # a stream ends after its END or ERROR frame, which the reader does not read past
             return None
         if got < FRAME_SIZE:
             await self.read_into(memoryview(head)[got:], FRAME_SIZE - got)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -32,7 +33,12 @@ class FetchStats:
     client_total_s: float = 0.0
     # When each layer was handed to the caller, seconds from the request (the client's half of the per-layer timeline).
     layer_arrival_s: list[float] = field(default_factory=list)
+    # The END report of the stream that completed the kv-get (after a failover: the layers it sent).
     server: TransferStats = field(default_factory=TransferStats)
+    # Peer streams (http, direct) that broke or stalled mid-kv-get and were resumed through this client's node: how
+    # many, and per broken path ("peer:<node id>") how many layers the caller had from it before it broke.
+    failovers: int = 0
+    broken_paths: dict[str, int] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -44,6 +50,12 @@ class FetchStats:
         return self.layer_arrival_s[0] if self.layer_arrival_s else None
 
 
+# How often one kv-get is resumed after a peer's stream broke (each time through the client's node, which may
+# hand it to another peer) before the error reaches the caller.
+MAX_RESUMES = 3
+Resume = Callable[[int], Awaitable[tuple[Any, "FrameStream | DirectFrameStream"]]]
+
+
 class LayerDigests:
     """Each layer's CRC32C, computed piece by piece as the bytes arrive (while they are still in cache).
 
@@ -51,9 +63,9 @@ class LayerDigests:
     ended, the digests give up and each layer is checked whole once it is ready.
     """
 
-    def __init__(self, layer_bytes: int) -> None:
+    def __init__(self, layer_bytes: int, start: int = 0) -> None:
         self.layer_bytes = layer_bytes
-        self._pos = 0  # payload offset the next byte must come from; -1: out of order, gave up
+        self._pos = start  # payload offset the next byte must come from; -1: out of order, gave up
         self._crc = 0
         self._done: dict[int, int] = {}
 
@@ -87,8 +99,11 @@ class LayerStream:
 
     def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
                  num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None,
-                 decodes: LayerDecodes | None = None, slice_bytes: int = 0) -> None:
+                 decodes: LayerDecodes | None = None, slice_bytes: int = 0, resume: Resume | None = None) -> None:
         self._frames = frames
+        self._resume = resume  # asks the client's node again for the layers from one on (a peer's direct stream broke)
+        self._resumes_left = MAX_RESUMES
+        self._from_layer = 0  # the first layer the current stream sends
         self._decodes = decodes  # decode="client": ENCODED frames decoded here, slices of slice_bytes
         self._slice_bytes = slice_bytes
         self._landed = landed
@@ -126,11 +141,45 @@ class LayerStream:
 
     async def __anext__(self) -> tuple[int, memoryview]:
         try:
-            return await self._next_layer()
+            while True:
+                try:
+                    return await self._next_layer()
+                except S3Error:
+                    if not await self._resumed():
+                        raise
         except aiohttp.ClientError as e:
             # Not retried: layers may already be in the caller's hands; the caller decides (fetch again).
             raise S3Error(ErrorCode.ServiceUnavailable, f"the KV stream broke after {self._next} of {self.num_layers} layers "
                           f"({type(e).__name__}: {e}); it is not retried, fetch again") from None
+
+    async def _resumed(self) -> bool:
+        """After a peer's direct stream broke or stalled: the layers from the next one on, asked again of the
+        client's node (which serves them itself or through another peer). The broken stream is closed first, so
+        none of its bytes lands after its replacement began; the layers already handed out are never rewritten."""
+        old = self._frames
+        grant = old.grant if isinstance(old, DirectFrameStream) else None
+        if self._resume is None or grant is None or not grant.peer or not old.broken or self._resumes_left <= 0:  # type: ignore[union-attr]
+            return False
+        self._resumes_left -= 1
+        old.close()  # type: ignore[union-attr]
+        if self._decodes is not None:  # slices of the broken layer still decoding: none writes once the new stream begins
+            pending, self._decodes.pending = self._decodes.pending, []
+            await asyncio.gather(*pending, return_exceptions=True)
+            await self._decodes.drain()
+        path = f"peer:{grant.peer}"
+        self.stats.failovers += 1
+        self.stats.broken_paths[path] = self.stats.broken_paths.get(path, 0) + self._next - self._from_layer
+        response, self._frames = await self._resume(self._next)
+        self._from_layer = self._next
+        if self._digests is not None:
+            self._digests = LayerDigests(self.layer_bytes, self._next * self.layer_bytes)
+        direct = isinstance(self._frames, DirectFrameStream)
+        self.stats.direct = direct
+        if direct and self._frames.accepted is not None:  # type: ignore[union-attr]
+            self.stats.server = TransferStats(mode=self._frames.accepted.mode, payload_bytes=self._frames.accepted.payload_bytes)  # type: ignore[union-attr]
+        elif not direct:
+            self.stats.server = TransferStats(mode=response.headers.get(HEADER_MODE, ""), payload_bytes=int(response.headers.get(HEADER_PAYLOAD_BYTES, "0")))
+        return True
 
     async def _next_layer(self) -> tuple[int, memoryview]:
         while not self._done:

@@ -10,6 +10,8 @@
 #   PYTHON          the interpreter to build with and base the venv on (python3)
 #   BUILD_OPTIONS   extra `pip wheel` options (e.g. --no-build-isolation offline)
 #   PIP_OPTIONS     extra `pip install` options for the venv (e.g. --no-index --find-links DIR)
+#   VENV_OPTIONS    extra `python -m venv` options; --without-pip skips ensurepip (tens of seconds on a loaded
+#                   machine) and installs into the venv with $PYTHON's own pip (pip >= 22.3)
 set -eu
 src=$(cd "$(dirname "$0")/.." && pwd)
 root=${DESTDIR:-}
@@ -25,8 +27,12 @@ cp -R "$src/pyproject.toml" "$src/README.md" "$src/protocol" "$src/gateway" "$sr
 "$python" -m pip wheel --quiet --no-deps ${BUILD_OPTIONS:-} --wheel-dir "$work/wheel" "$work/src"
 
 install -d -m 0755 "$root/opt" "$prefix" "$root/etc/objectcache" "$root/etc/systemd/system"
-"$python" -m venv "$prefix/.venv"
-"$prefix/.venv/bin/python" -m pip install --quiet --upgrade ${PIP_OPTIONS:-} "$work"/wheel/objectcache-*.whl
+"$python" -m venv ${VENV_OPTIONS:-} "$prefix/.venv"
+if [ -x "$prefix/.venv/bin/pip" ]; then
+    "$prefix/.venv/bin/python" -m pip install --quiet --upgrade ${PIP_OPTIONS:-} "$work"/wheel/objectcache-*.whl
+else
+    "$python" -m pip --python "$prefix/.venv/bin/python" install --quiet --upgrade ${PIP_OPTIONS:-} "$work"/wheel/objectcache-*.whl
+fi
 
 if [ -e "$root/etc/objectcache/objectcache.toml" ]; then
     echo "install: keeping the existing $root/etc/objectcache/objectcache.toml"

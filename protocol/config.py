@@ -239,10 +239,11 @@ class CacheConfig(Section):
     # (one HEAD, its ETag) before a kv-get serves it, so a chunk deleted or replaced through
     # another node is served from a stale copy at most this long. 0: checked at every kv-get.
     revalidate_after_s: float = 60.0
-    # Which chunk goes when room is needed: "prefix" (the least valuable leaf of the cached
-    # prefix trees: reuse, the conversation it continues, depth, recency), "lru", or "reuse"
-    # (experimental: the leaf least likely to be used again, odds learnt online per kind of chunk).
-    policy: str = "prefix"
+    # Which chunk goes when room is needed: "reuse" (the leaf of the cached prefix trees least
+    # likely to be used again, odds learnt online per kind of chunk; at or above LRU on every
+    # trace replayed), "lru", or "prefix" (a fixed worth: hits, the conversation it continues,
+    # depth, recency; below LRU on Mooncake's public conversation trace).
+    policy: str = "reuse"
     # Bytes of chunks one tenant may hold on this node (0 = no per-tenant bound; a tenant's
     # own cache_max_bytes overrides it): a tenant at its bound evicts its own chunks first.
     tenant_max_bytes: int = 0

@@ -41,6 +41,11 @@ class DirectGrant:
     endpoint: str  # "host:port" of the storage server's data endpoint
     ticket: str
     expires_in_s: float
+    # A cluster peer's data endpoint (its node id; empty: the node the client asked). Should that stream break or
+    # send nothing for ``stall_s`` seconds, the client asks its own node again for the layers it does not hold yet
+    # (descriptor ``first_layer``): the kv-get completes through another path instead of failing.
+    peer: str = ""
+    stall_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +54,10 @@ class DirectGrant:
     def from_json(cls, obj: object) -> "DirectGrant":
         if not isinstance(obj, dict) or not isinstance(obj.get("endpoint"), str) or not isinstance(obj.get("ticket"), str):
             raise S3Error(ErrorCode.InternalError, "a direct-grant reply needs string fields 'endpoint' and 'ticket'")
-        return cls(obj["endpoint"], obj["ticket"], float(obj.get("expires_in_s", 0)))
+        peer, stall_s = obj.get("peer", ""), obj.get("stall_s", 0.0)
+        if not isinstance(peer, str) or isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not stall_s >= 0:
+            raise S3Error(ErrorCode.InternalError, "a direct-grant reply's 'peer' must be a string and 'stall_s' a number >= 0")
+        return cls(obj["endpoint"], obj["ticket"], float(obj.get("expires_in_s", 0)), peer, float(stall_s))
 
 
 @dataclass(frozen=True)

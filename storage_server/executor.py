@@ -38,7 +38,7 @@ from protocol.wire import Descriptor, Mode, TransferStats
 
 from .compressed_reads import ChunkHeader, read_encoded
 from .decode_choice import wire_layer_bytes
-from .decode_pipeline import DecodePipeline
+from .decode_pipeline import DecodePipeline, _settled
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .memory_budget import MemoryBudget
 from .read_path import ReadPath, plan_read_path, wanted_bytes
@@ -207,17 +207,18 @@ class Executor:
         over contiguous runs ``[a, b)`` of chunks first..last-1 on the read pool; returns each run's
         length in chunks with what ``fn`` returned for it, in order.
 
-        If one run fails, the others are waited for before the error propagates,
-        so no thread is still writing into a buffer the caller is about to free.
+        If one run fails, or the transfer is cancelled, the others are waited for before the error propagates,
+        so no thread is still writing into a buffer the caller is about to free (a cancellation cancels only
+        the futures that wrap the threads: without ``_settled`` the wait below returned at once).
         """
         loop = asyncio.get_running_loop()
         sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
         runs = self._runs(first, last)
         futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in runs]
         try:
-            return [(b - a, result) for (a, b), result in zip(runs, await asyncio.gather(*futures))]
+            return [(b - a, result) for (a, b), result in zip(runs, await _settled(asyncio.gather(*futures)))]
         except BaseException:
-            await asyncio.gather(*futures, return_exceptions=True)
+            await _settled(asyncio.gather(*futures, return_exceptions=True))
             raise
 
     async def read_piece(self, plan: ReadPlan, layer: int, first: int, last: int, dest: memoryview, checksum: bool = False) -> int:
@@ -395,7 +396,7 @@ class Executor:
             nonlocal read_s, deliver_s
             layers, dests, futures, t0 = in_flight.pop(0)
             try:
-                await asyncio.gather(*futures)
+                await _settled(asyncio.gather(*futures))  # a cancel must not cancel the wrappers of reads still running
             finally:
                 if pacer is not None:
                     pacer.after_layer()
@@ -426,7 +427,7 @@ class Executor:
             while in_flight:
                 await finish()
         except BaseException:
-            await asyncio.gather(*submitted, return_exceptions=True)  # no read is still writing when this returns
+            await _settled(asyncio.gather(*submitted, return_exceptions=True))  # no read is still writing when this returns
             raise
         return _stats(plan, timeline, read_s, deliver_s, started, timeline[layers_to_read.start][2] if layers_to_read else 0.0)
 

@@ -158,6 +158,9 @@ class KVService:
         self.observers: list[TransferObserver] = [log_transfer]
         self.forecaster: Forecaster | None = None
         self.delegate: Delegate | None = None
+        # The cluster's cap on what this node serves its peers (cluster.serve_max_bytes_per_s), shared by the kv-gets
+        # its data endpoint streams on a peer's behalf (a ticket naming ``via``); None: uncapped.
+        self.peer_pace: Callable[[int], Awaitable[None]] | None = None
         self.completed = 0
         self.bytes_delivered = 0
 
@@ -250,7 +253,8 @@ class KVService:
     async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
-        frames = FrameSink(call.writer, self.config.storage_server.send_stall_s)
+        frames = FrameSink(call.writer, self.config.storage_server.send_stall_s,
+                           self.peer_pace if call.request.fields.get("via") else None)
         slot = next(self._transfers)
         snapshot = self.forecaster.snapshot() if self.forecaster is not None else None
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))

@@ -29,6 +29,35 @@ settings.load_profile("ci" if os.environ.get("CI") else "local")
 from inprocess import InProcessNode, LayerGate
 from support import ServerProcess, TenantKeys, boto_client, make_tenants, write_config
 
+# The modules that take longest (minutes on a loaded 2-core CI: vLLM engines, three-node clusters, benchmarks run
+# --quick, a venv), run first. `make test` hands whole modules to pytest-xdist's workers (--dist loadfile: a module's
+# servers start once, on one worker) in this order (--no-loadscope-reorder), so no long module starts last and
+# leaves one worker idle while the other finishes it. Measure with `pytest --durations` when a module grows.
+LONGEST_FIRST = (
+    "tests/bench/test_bench_vllm.py",
+    "tests/storage_server/test_cluster.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/bench/test_bench_compression.py",
+    "tests/bench/test_bench_cluster.py",
+    "tests/client_sdk/test_vllm_connector.py",
+    "tests/storage_server/test_cluster_direct.py",
+    "tests/objectcache/test_install.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules in ``LONGEST_FIRST`` first (in its order), every module's own tests in their order."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = Path(str(config.rootpath))
+
+    def key(item) -> int:
+        try:
+            return rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=key)  # stable: the rest keep pytest's order
+
 
 @pytest.fixture(scope="session")
 def tenants() -> dict[str, TenantKeys]:

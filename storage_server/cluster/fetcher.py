@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from protocol.cluster import NodeInfo, PeerFetchRange
 from protocol.cluster_auth import PeerGrant
@@ -52,6 +52,7 @@ class PeerTally:
     failovers: int = 0
     lookups: int = 0
     direct: int = 0  # kv-gets handed to a peer's data endpoint
+    resumed: int = 0  # http kv-gets asked again from a layer on, after a peer's direct stream of them broke or stalled
     choices: int = 0  # path choices made (one per missing run per round)
 
 
@@ -267,9 +268,11 @@ class PeerFetcher:
         """Peer -> engine: when the path scheduler picks a peer streaming this http kv-get straight to the engine
         (``direct:<W>``, offered for peers holding it whole), a ticket for that peer's data endpoint (the client streams
         from it directly); None to serve here (any failure also means: serve here)."""
+        d = decode_descriptor(descriptor)
+        if d.first_layer:
+            self.tally.resumed += 1  # a peer's stream of it broke: the client asks again for the layers it lacks
         if not self.cfg.direct_from_peers or self.cfg.path_choice == "upstream":
             return None
-        d = decode_descriptor(descriptor)
         keys = d.chunk_keys
         peers = self.members.live()
         bucket_id = await self.cache.store.bucket_id(bucket)
@@ -295,11 +298,12 @@ class PeerFetcher:
             log.info("cluster: no direct path (%s); serving request %s here", e, request_id)
             return None
         self.tally.direct += 1
-        return ticket.to_json()
+        # The client resumes through this node should the peer's stream break or stall past peer_timeout_s.
+        return replace(ticket, peer=moves[0].node, stall_s=self.cfg.peer_timeout_s).to_json()
 
     def status(self) -> dict[str, object]:
         t = self.tally
         rates = {p: round(b / t.seconds[p]) for p, b in t.bytes.items() if t.seconds.get(p)}
         return {"fetched_bytes": dict(t.bytes), "fetch_bytes_per_s": rates, "failovers": t.failovers, "lookups": t.lookups,
-                "direct_grants": t.direct, "path_choices": t.choices}
+                "direct_grants": t.direct, "direct_resumed": t.resumed, "path_choices": t.choices}
 

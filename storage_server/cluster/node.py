@@ -56,6 +56,7 @@ class ClusterNode:
         if self.kv is not None:
             self.direct = DirectRdma(cfg, self.me, self.members, self.chunks, self.fetcher)
             self.kv.delegate = self.direct
+            self.kv.peer_pace = self.server.pace.take if self.cfg.serve_max_bytes_per_s > 0 else None
         log.info("cluster: node %s serving peers on %s", cfg.node_id, address)
 
     def status(self) -> dict[str, object]:
@@ -74,6 +75,7 @@ class ClusterNode:
             self.data.elsewhere = None
         if self.kv is not None:
             self.kv.delegate = None
+            self.kv.peer_pace = None
         if self._beats is not None:
             self._beats.cancel()
         if self._listener is not None:

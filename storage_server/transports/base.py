@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from protocol.wire import Descriptor, FrameType, json_frame, pack_frame
@@ -22,8 +23,10 @@ from ..regions import RegionRegistry
 class FrameSink:
     """Where frames go: the storage-server RPC stream the gateway relays to the client."""
 
-    def __init__(self, writer: asyncio.StreamWriter, stall_s: float | None = None) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, stall_s: float | None = None,
+                 pace: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.writer = writer
+        self.pace = pace  # a byte-rate cap this stream shares with others (a kv-get served on a peer's behalf)
         # A written memoryview stays referenced by the transport until it is flushed
         # (uvloop does not copy it), and layer buffers are reused once sent: so drain()
         # must mean "flushed". With both marks at 0 it waits until nothing is queued.
@@ -31,6 +34,8 @@ class FrameSink:
         self.stall_s = stall_s
 
     async def send(self, *pieces: bytes | memoryview) -> None:
+        if self.pace is not None:
+            await self.pace(sum(len(p) for p in pieces))
         for p in pieces:
             self.writer.write(p)
         await self._flushed()

@@ -5,6 +5,10 @@ Layers are staged in this server in bounded pieces (runs of whole chunks, at mos
 :mod:`storage_server.plan`); two piece buffers alternate, so the read of one
 piece overlaps the sending of the previous one, and a transfer's staging memory
 never depends on how large a layer is.
+
+A resumed kv-get (descriptor ``first_layer`` = k: the stream that served it broke after the client had layers
+0..k-1) sends nothing for the layers before k: they are still read (from this node's cache, cheap beside the
+link), but no frame of them leaves, so the link carries only what the client is missing.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ class HttpTransport(Transport):
     aligned_staging = True
     staging = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=MAX_PIECE_BYTES)
 
-    def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
+    def __init__(self, frames: FrameSink, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int, first_layer: int = 0) -> None:
         super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)
+        self.first_layer = first_layer  # layers before it are the client's already: not sent
         self._buffers: list[mmap.mmap] = []  # page-aligned: O_DIRECT reads land in them
         self._turn = 0
         self._payload: memoryview | None = None
@@ -35,7 +40,7 @@ class HttpTransport(Transport):
     @classmethod
     def open(cls, request: OpenRequest) -> "HttpTransport":
         d = request.descriptor
-        return cls(request.frames, d.target.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
+        return cls(request.frames, d.target.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers, d.first_layer)
 
     def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:
         nbytes = (last - first) * self.chunk_bytes
@@ -58,14 +63,22 @@ class HttpTransport(Transport):
             await self.frames.send(pack_frame(FrameType.DATA, 0, offset + i, len(piece)), piece)
 
     async def deliver_piece(self, layer: int, first: int, data: memoryview) -> None:
-        await self._send_data(self.piece_offset(layer, first), data)
+        if layer >= self.first_layer:
+            await self._send_data(self.piece_offset(layer, first), data)
+
+    async def layer_ready(self, layer: int, checksum: int) -> None:
+        if layer >= self.first_layer:
+            await super().layer_ready(layer, checksum)
 
     async def deliver_encoded(self, layer: int, chunk: int, payload: bytes, checksum: int) -> None:
         """Chunk ``chunk``'s slice of ``layer`` as stored, for the client to decode into its place."""
+        if layer < self.first_layer:
+            return
         await self.frames.send(pack_frame(FrameType.ENCODED, layer, self.piece_offset(layer, chunk), len(payload), checksum), memoryview(payload))
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
-        await self._send_data(self.base_offset, data)
+        skip = self.first_layer * self.layer_bytes
+        await self._send_data(self.base_offset + skip, data[skip:])
         for layer, crc in enumerate(checksums):
             await self.layer_ready(layer, crc)
 

@@ -15,6 +15,8 @@ which the client learns from the ``x-oc-rdma-tag`` response header).
 
 from __future__ import annotations
 
+import mmap
+
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +61,7 @@ class RemoteRegion(Region):
 class RdmaTransport(Transport):
     name = "rdma"
     buffers_in_rotation = 2
+    aligned_staging = True
     staging = Staging(in_server=True, pieces_in_rotation=2, max_piece_bytes=MAX_PIECE_BYTES)
 
     def __init__(self, frames: FrameSink, region: RemoteRegion, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
@@ -84,7 +87,8 @@ class RdmaTransport(Transport):
         return cls(request.frames, region, t.offset, d.per_layer_chunk_bytes, len(d.chunk_keys), d.num_layers)
 
     def _registered(self, nbytes: int) -> tuple[np.ndarray, object]:
-        buf = np.empty(nbytes, np.uint8)
+        """A registered staging buffer, page-aligned (an anonymous mapping) so cold chunks are read into it with O_DIRECT."""
+        buf = np.frombuffer(mmap.mmap(-1, max(1, nbytes)), np.uint8)[:nbytes]
         return buf, self.link.register(buf)
 
     def piece_buffer(self, layer: int, first: int, last: int) -> memoryview:

@@ -8,9 +8,12 @@ import pytest
 from test_bench_smoke import run_bench
 
 
-@pytest.mark.timeout(900)  # the saturated case, then three trios of nodes for the oracle case, beside the peer and failover cases
+# The saturated case, then three trios of nodes for the oracle case, beside the peer and failover cases: 17 node starts.
+# On the 2-core machine at load average 20-40 the run passed 600 s (four runs in a row, before and after the background
+# tenant got its own process), so the bench itself is given nearly all of the test's time.
+@pytest.mark.timeout(1200)
 def test_bench_cluster_on_moto(tmp_path):
-    result = run_bench("cluster", "--upstreams", "moto", tmp_path=tmp_path)
+    result = run_bench("cluster", "--upstreams", "moto", tmp_path=tmp_path, timeout_s=1140)
     row = result["upstreams"]["moto"]
     assert row["paths"]["peer"]["chunk_paths"] == {"peer:b": row["payload_bytes"]}  # all from B's cache, none from the upstream
     assert row["paths"]["upstream"]["chunk_paths"] == {"upstream": row["payload_bytes"]}

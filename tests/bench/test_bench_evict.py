@@ -1,4 +1,4 @@
-"""``objectcache bench evict``: the replay tool's report, and the prefix policy against LRU and Belady on traces
+"""``objectcache bench evict``: the replay tool's report, and the default (learnt) and prefix policies against LRU and Belady on traces
 other than the bundled sample (synthetic Mooncake-format traces of other seeds and shapes), so the policy is not
 tuned to the one sample."""
 
@@ -31,16 +31,17 @@ def ratios(result: dict, trace: str) -> dict[tuple[str, float], float]:
 
 def test_the_report_on_the_bundled_sample_has_every_policy_beside_belady(tmp_path: Path):
     result = run_evict(tmp_path)
-    assert result["default_policy"] == "prefix"
+    assert result["default_policy"] == "reuse"
     got = ratios(result, "mooncake_synthetic_trace_sample.jsonl")
     assert set(got) == {(p, f) for p in ("lru", "prefix", "reuse", "belady") for f in FRACTIONS}
     for f in FRACTIONS:
-        assert got[("belady", f)] >= got[("prefix", f)] >= got[("lru", f)] > 0
+        for policy in ("prefix", "reuse"):
+            assert got[("belady", f)] >= got[(policy, f)] >= got[("lru", f)] > 0, (policy, f, got)
     assert all(r["bytes_fetched"] > 0 for r in result["rows"])
-    assert result["targets"]["prefix never below LRU"]
+    assert result["targets"]["reuse never below LRU"]
 
 
-def test_on_other_trace_shapes_the_prefix_policy_never_falls_below_lru(tmp_path: Path):
+def test_on_other_trace_shapes_the_learnt_and_the_prefix_policy_never_fall_below_lru(tmp_path: Path):
     shapes = {"few-roots.jsonl": synthetic_trace(seed=11, requests=500, roots=3, conversations=40, one_off_share=0.25),
               "many-one-offs.jsonl": synthetic_trace(seed=23, requests=500, roots=10, conversations=80, one_off_share=0.6,
                                                      tail_blocks=(20, 120))}
@@ -50,5 +51,6 @@ def test_on_other_trace_shapes_the_prefix_policy_never_falls_below_lru(tmp_path:
     for name in shapes:
         got = ratios(result, name)
         for f in FRACTIONS:
-            lru, prefix, best = got[("lru", f)], got[("prefix", f)], got[("belady", f)]
-            assert best >= prefix >= lru, (name, f, lru, prefix, best)
+            lru, best = got[("lru", f)], got[("belady", f)]
+            for policy in ("reuse", "prefix"):
+                assert best >= got[(policy, f)] >= lru, (name, f, policy, lru, got[(policy, f)], best)

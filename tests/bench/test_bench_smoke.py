@@ -21,10 +21,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 POLICIES = {"equal", "kv-prop", "bw-prop", "stall-opt", "calibrated-stall-opt"}
 
 
-def run_bench(*args: str, tmp_path) -> dict:
+def run_bench(*args: str, tmp_path, timeout_s: float = 600) -> dict:
     out, png = tmp_path / "result.json", tmp_path / "result.png"
     r = subprocess.run([sys.executable, "-m", "objectcache", "bench", *args, "--quick", "--json", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=timeout_s)
     assert r.returncode == 0, r.stderr
     assert "|---|" in r.stdout  # a Markdown table
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000

@@ -73,8 +73,9 @@ def test_a_stalled_stream_times_out_with_a_clear_error(gated_node, tenants):
     t = tenants["alice"]
 
     async def scenario():
-        async with ObjectCacheClient(server.endpoint, t.access_key, t.secret_key, bucket=bucket, read_timeout=1.0) as c:
-            await c.put_chunks(keys, make_chunks(layout, 50, seed=6), layout)
+        async with client(server, t, bucket) as writer:  # stored with the usual timeouts: a loaded machine took over 1 s to answer a put
+            await writer.put_chunks(keys, make_chunks(layout, 50, seed=6), layout)
+        async with ObjectCacheClient(server.endpoint, t.access_key, t.secret_key, bucket=bucket, read_timeout=3.0) as c:
             gate.hold_before(2)
             seen = []
             try:

@@ -23,14 +23,16 @@ def _tree(root: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """``make install DESTDIR=...`` from a copy of the checkout (offline: the wheel is built with this
-    interpreter's setuptools and installed without dependencies)."""
+    interpreter's setuptools and installed without dependencies; the venv gets no pip of its own, since
+    ensurepip took most of this test's ~80 s on a loaded 2-core machine, and this interpreter's pip installs into it)."""
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv*", "data", ".git", "__pycache__", "*.egg-info", "build", "docs"))
     before = _tree(src)
     root = tmp / "root"
+    env = {**os.environ, "BUILD_OPTIONS": "--no-build-isolation", "PIP_OPTIONS": "--no-deps --no-index", "VENV_OPTIONS": "--without-pip"}
     r = subprocess.run(["make", "-C", str(src), "install", f"DESTDIR={root}", f"PYTHON={sys.executable}"], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "BUILD_OPTIONS": "--no-build-isolation", "PIP_OPTIONS": "--no-deps --no-index"})
+                       timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return root, before, _tree(src)
 

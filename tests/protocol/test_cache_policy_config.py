@@ -16,8 +16,8 @@ def _load(tmp_path: Path, text: str, env: dict[str, str] | None = None):
     return load_config(path, env=env or {})
 
 
-def test_the_default_policy_is_prefix_and_an_unknown_one_is_refused(tmp_path: Path):
-    assert _load(tmp_path, "").cache.policy == "prefix"
+def test_the_default_policy_is_reuse_and_an_unknown_one_is_refused(tmp_path: Path):
+    assert _load(tmp_path, "").cache.policy == "reuse"
     assert _load(tmp_path, '[cache]\npolicy = "lru"\n').cache.policy == "lru"
     with pytest.raises(ConfigError, match="cache.policy"):
         _load(tmp_path, '[cache]\npolicy = "fifo"\n')

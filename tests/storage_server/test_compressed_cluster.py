@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clustersupport import cluster_key, diagnose, start_node, wait_live
+from clustersupport import cluster_key, diagnose, start_nodes, wait_live
 from compressionsupport import kv_chunks, kv_layout
 from kvsupport import client, keys_for, reference, run
 from support import boto_client, make_tenants
@@ -20,9 +20,7 @@ def pair(tmp_path_factory):
     moto = MotoServer(root / "moto.log").start()
     people = make_tenants("alice")
     key = cluster_key()
-    nodes = {n: start_node(root, n, moto, people, key) for n in ("a", "b")}
-    for name, n in nodes.items():
-        wait_live(n, set(nodes) - {name})
+    nodes = start_nodes(root, moto, people, key, {"a": {}, "b": {}})
     yield moto, nodes, people[0]
     for n in nodes.values():
         n.stop()

@@ -17,7 +17,7 @@ from clustersupport import cluster_key, node_config, status, wait_for, wait_live
 from kvsupport import client, keys_for, make_chunks, reference, run, tiny_layout
 from metricsupport import scrape, value
 from rawhttp import signed
-from support import ServerProcess, boto_client, free_port, make_tenants
+from support import ServerProcess, boto_client, free_port, make_tenants, start_together
 from upstream import MotoServer
 
 from protocol.errors import ErrorCode, S3Error
@@ -27,12 +27,13 @@ LAYOUT = tiny_layout(16, num_layers=8)  # a chunk is 256 bytes
 CHUNK = LAYOUT.chunk_bytes
 
 
-def _start(root, name, moto, people, key, rack, metrics_port=0) -> ServerProcess:
+def _node(root, name, moto, people, key, rack, metrics_port=0) -> ServerProcess:
+    """A node's process, configured (not started: the module's nodes start side by side)."""
     port = free_port()
     path = node_config(root, name, moto, people, key, port, host=f"host-{name}", rack=rack, zone="z1", estimate_refresh_s=0.2)
     if metrics_port:
         path.write_text(path.read_text() + f"[metrics]\nstorage_server_port = {metrics_port}\n")
-    node = ServerProcess(path).start()
+    node = ServerProcess(path)
     node.rpc_socket = str(root / f"{name}.sock")
     return node
 
@@ -44,7 +45,8 @@ def cluster(tmp_path_factory):
     people = make_tenants("alice", "bob")
     key = cluster_key()
     metrics = free_port()
-    nodes = {"a": _start(root, "a", moto, people, key, "r1", metrics), "b": _start(root, "b", moto, people, key, "r2")}
+    nodes = {"a": _node(root, "a", moto, people, key, "r1", metrics), "b": _node(root, "b", moto, people, key, "r2")}
+    start_together(list(nodes.values()))
     for name, n in nodes.items():
         wait_live(n, set(nodes) - {name})
     yield nodes, {t.name: t for t in people}, metrics

@@ -39,7 +39,7 @@ def version_tag(etag: str) -> str:
 
 
 class ChunkFiles:
-    def __init__(self, root: Path, max_bytes: int, policy: str = "prefix", quotas: TenantQuotas | None = None) -> None:
+    def __init__(self, root: Path, max_bytes: int, policy: str = "reuse", quotas: TenantQuotas | None = None) -> None:
         self.root, self.max_bytes = root, max_bytes
         self.tmp = root / "tmp"
         shutil.rmtree(self.tmp, ignore_errors=True)  # writes a crash interrupted

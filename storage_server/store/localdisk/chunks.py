@@ -52,7 +52,7 @@ def _version(name: str) -> tuple[str, str, str]:
 
 
 class LocalDiskChunkSource(ChunkSource):
-    def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int, policy: str = "prefix",
+    def __init__(self, store: LocalDiskStore, open_files: int, max_bytes: int, policy: str = "reuse",
                  quotas: TenantQuotas | None = None, soft_pins: SoftPinLimits | None = None) -> None:
         self.store = store
         # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
