@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -120,13 +121,17 @@ class ObjectCacheClient:
     ``rdma_engine`` must match the storage server's ``storage_server.rdma_engine``:
     ``"nixl"`` (NIXL over UCX) or ``"pyverbs"`` (rdma-core's verbs; ``open_verbs``
     opens the device, the first one by default).
+
+    ``decode_threads``: the pool that decodes compressed chunks sent as stored (``fetch_layers(decode=)``);
+    ``link_gbps`` (0: unknown): the link rate to the node, which ``decode="auto"`` states to the node so it
+    can choose the decode site when its bandwidth pool does not pace the transfer.
     """
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, region: str = "us-east-1",
                  max_connections: int = 64, read_timeout: float = 120.0, retries: int = 3, backoff: float = 0.1,
                  shm_prefault_bytes: int = 0, direct: bool = True, rdma_engine: str = "nixl",
                  open_verbs: Callable[[], VerbsDevice] | None = None, local_session: bool | None = None,
-                 decode_threads: int = 2) -> None:
+                 decode_threads: int = 2, link_gbps: float = 0.0) -> None:
         if retries < 0 or backoff < 0:
             raise ValueError("retries and backoff must be >= 0")
         self.endpoint = endpoint.rstrip("/")
@@ -138,7 +143,10 @@ class ObjectCacheClient:
         self.direct = direct
         if decode_threads < 1:
             raise ValueError("decode_threads must be at least 1")
-        self._decoder = SliceDecoder(decode_threads)  # fetch_layers(decode="client"): compressed slices decoded here
+        self._decoder = SliceDecoder(decode_threads)  # fetch_layers(decode="client"/"auto"): compressed slices decoded here
+        if not (link_gbps >= 0 and math.isfinite(link_gbps)):
+            raise ValueError(f"link_gbps must be finite and >= 0, not {link_gbps!r}")
+        self.link_gbps = link_gbps  # decode="auto": the link rate to the node, as declared (0: unknown)
         self._credentials = Credentials(access_key, secret_key)
         self._signer = SigV4Auth(self._credentials, "s3", region)
         self._max_connections = max_connections
@@ -388,7 +396,7 @@ class ObjectCacheClient:
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
                            compute_window: float | Sequence[float] | None = None, mode: str = "auto",
                            out: Any = None, verify: bool | None = None, load_budget_s: float = 0.0,
-                           decode: str = "node") -> AsyncIterator[LayerStream]:
+                           decode: str = "auto") -> AsyncIterator[LayerStream]:
         """Load the layer-major payload of ``keys``; iterate layers as they land.
 
         ``transport``: ``"shm"`` (same host: the server writes into a registered
@@ -410,12 +418,14 @@ class ObjectCacheClient:
         transfer with ``KVLoadBudgetExceeded`` at the first layer it expects to
         start later than this after it received the kv-get (the layers before
         it are delivered); the caller recomputes the rest.
-        ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers) or
+        ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers),
         ``"client"`` (http only: the node sends them as stored, fewer bytes on the link, and this
-        process decodes them on its own bounded pool, ``decode_threads``).
+        process decodes them on its own bounded pool, ``decode_threads``) or ``"auto"`` (over http the
+        node picks per kv-get from the link rate — its bandwidth pool's grant, else ``link_gbps`` — and
+        both sides' measured decode rates, ``storage_server.decode_choice``; shm and rdma: the node).
         """
-        if decode not in ("node", "client"):
-            raise ValueError(f"decode must be 'node' or 'client', not {decode!r}")
+        if decode not in ("auto", "node", "client"):
+            raise ValueError(f"decode must be 'auto', 'node' or 'client', not {decode!r}")
         keys = list(keys)
         if not keys:
             raise ValueError("fetch_layers needs at least one key")
@@ -431,7 +441,8 @@ class ObjectCacheClient:
         frames: FrameStream | DirectFrameStream | None = None
         opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
         dest: Destination | None = None
-        decodes = LayerDecodes(self._decoder) if decode == "client" else None
+        auto = decode == "auto" and kind == TransportKind.HTTP
+        decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
 
         async def resume(first_layer: int) -> tuple[Any, FrameStream | DirectFrameStream]:
             """The layers from ``first_layer`` on, asked again of this client's node (a peer's stream of them broke)."""
@@ -443,7 +454,10 @@ class ObjectCacheClient:
             for attempt in (1, 2):
                 dest = await destinations.acquire(payload_bytes, out)
                 descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
-                                        layer_checksums=check, load_budget_s=load_budget_s, client_decodes=decode == "client")
+                                        layer_checksums=check, load_budget_s=load_budget_s, client_decodes=decode == "client",
+                                        decode_auto=auto, client_decode_workers=self._decoder.threads if auto else 0,
+                                        client_decode_bytes_per_s=self._decoder.bytes_per_s_per_core if auto else 0.0,
+                                        client_link_bytes_per_s=self.link_gbps * 1e9 / 8 if auto else 0.0)
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.

@@ -111,7 +111,9 @@ class LayerStream:
         self.layer_bytes = layer_bytes
         self.num_layers = num_layers
         self.verify = verify
-        self._digests = LayerDigests(layer_bytes) if verify and layer_bytes and decodes is None else None
+        # DATA frames are checked per layer; a layer sent as ENCODED frames (each with its own CRC) is not.
+        self._digests = LayerDigests(layer_bytes) if verify and layer_bytes else None
+        self._encoded_layer = False
         self._next = 0
         self._done = False
         self._started = started
@@ -202,7 +204,8 @@ class LayerStream:
                 if self._landed is not None:
                     await self._landed(frame.layer)
                 view = self.layer(frame.layer)
-                if self._digests is not None and self._digests.checksum(frame.layer, view) != frame.checksum:
+                encoded, self._encoded_layer = self._encoded_layer, False
+                if self._digests is not None and not encoded and self._digests.checksum(frame.layer, view) != frame.checksum:
                     raise S3Error(ErrorCode.BadDigest, f"layer {frame.layer} failed its CRC32C check")
                 self._next += 1
                 self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
@@ -229,6 +232,7 @@ class LayerStream:
             raise S3Error(ErrorCode.InternalError, "ENCODED frame in a kv-get that did not ask to decode")
         if start < 0 or start % s or start + s > len(self.payload) or start // self.layer_bytes != frame.layer:
             raise S3Error(ErrorCode.InternalError, f"ENCODED frame at {start} is not a slice of layer {frame.layer} in the destination")
+        self._encoded_layer = True
         payload = await self._frames.read_payload(frame.length)
         what = f"layer {frame.layer} chunk #{(start % self.layer_bytes) // s}"
         await self._decodes.start(what, payload, self.payload[start : start + s], frame.checksum if self.verify else None)

@@ -66,12 +66,18 @@ class DescriptorFlag(IntFlag):
     # http only: a uint32 first layer follows (the load budget): the frames start at that layer, the ones before it
     # are in the client's hands already (a kv-get resumed after the stream serving it broke, see client_sdk.stream)
     FIRST_LAYER = 16
+    # http only: the client can decode, the node picks the site per kv-get (scheduler.decode_site); the client's
+    # decode workers, decode rate and declared link rate (_DECODE_AUTO) follow the first layer.
+    DECODE_AUTO = 32
 
 
 # A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
 # so an old server never silently ignores a load budget.
 _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES
-                   | DescriptorFlag.CLIENT_DECODES | DescriptorFlag.FIRST_LAYER)
+                   | DescriptorFlag.CLIENT_DECODES | DescriptorFlag.FIRST_LAYER | DescriptorFlag.DECODE_AUTO)
+# DECODE_AUTO's fields: the client's decode workers, its measured decode rate (raw bytes/s per core; 0: not yet)
+# and the link rate it declares towards the node (bytes/s; 0: unknown).
+_DECODE_AUTO = struct.Struct("<Hdd")
 # Decoded key lists remembered by their bytes: a prefix fetched again decodes to the very same list with no
 # per-key work (and the storage server's resolved pins are found by that list). Bounded in lists and keys.
 KEY_MEMO_LISTS = 64
@@ -113,6 +119,11 @@ class Descriptor:
     client_decodes: bool = False  # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk) for the client to decode
     # http: the layers before this one are not sent (the client holds them from a stream that broke; offsets stay the whole payload's)
     first_layer: int = 0
+    # http: the client can decode; the node chooses per kv-get (DECODE_AUTO). Not with client_decodes.
+    decode_auto: bool = False
+    client_decode_workers: int = 0
+    client_decode_bytes_per_s: float = 0.0  # per core, measured by the client (0: not yet)
+    client_link_bytes_per_s: float = 0.0  # declared by the client (0: unknown)
 
     @property
     def payload_bytes(self) -> int:
@@ -327,6 +338,8 @@ def encode_descriptor(d: Descriptor) -> bytes:
         window += struct.pack("<d", d.load_budget_s)
     if d.first_layer:
         window += struct.pack("<I", d.first_layer)
+    if d.decode_auto:
+        window += _DECODE_AUTO.pack(d.client_decode_workers, d.client_decode_bytes_per_s, d.client_link_bytes_per_s)
     return head + p + window + suffixes
 
 
@@ -335,10 +348,18 @@ def _flags(d: Descriptor) -> int:
         raise _bad("load_budget_s", f"must be a finite number of seconds >= 0, not {d.load_budget_s!r}")
     if not 0 <= d.first_layer < d.num_layers:
         raise _bad("first_layer", f"{d.first_layer} is outside 0..{d.num_layers - 1}")
+    if d.decode_auto and not (0 < d.client_decode_workers < 1 << 16 and _rate_ok(d.client_decode_bytes_per_s)
+                              and _rate_ok(d.client_link_bytes_per_s)):
+        raise _bad("decode_auto", "needs 1..65535 client decode workers and finite rates >= 0")
     return ((0 if d.layer_checksums else DescriptorFlag.NO_LAYER_CHECKSUMS)
             | (DescriptorFlag.LOAD_BUDGET if d.load_budget_s else 0)
             | (DescriptorFlag.CLIENT_DECODES if d.client_decodes else 0)
-            | (DescriptorFlag.FIRST_LAYER if d.first_layer else 0))
+            | (DescriptorFlag.FIRST_LAYER if d.first_layer else 0)
+            | (DescriptorFlag.DECODE_AUTO if d.decode_auto else 0))
+
+
+def _rate_ok(v: float) -> bool:
+    return math.isfinite(v) and v >= 0
 
 
 def descriptor_transport(data: bytes) -> TransportKind | None:
@@ -374,6 +395,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad("flags", "CLIENT_DECODES needs the http transport (the server writes decoded layers into shm and rdma memory)")
     if flags & DescriptorFlag.FIRST_LAYER and transport_v != TransportKind.HTTP:
         raise _bad("flags", "FIRST_LAYER needs the http transport (a resumed stream; shm and rdma memory is written by the server)")
+    if flags & DescriptorFlag.DECODE_AUTO and (transport_v != TransportKind.HTTP or flags & DescriptorFlag.CLIENT_DECODES):
+        raise _bad("flags", "DECODE_AUTO needs the http transport and excludes CLIENT_DECODES")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -395,7 +418,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     window_at = pos + prefix_len
     budget_at = window_at + 8 * n_window
     first_at = budget_at + (8 if flags & DescriptorFlag.LOAD_BUDGET else 0)
-    keys_at = first_at + (4 if flags & DescriptorFlag.FIRST_LAYER else 0)
+    auto_at = first_at + (4 if flags & DescriptorFlag.FIRST_LAYER else 0)
+    keys_at = auto_at + (_DECODE_AUTO.size if flags & DescriptorFlag.DECODE_AUTO else 0)
     if len(buf) < keys_at:
         raise _bad("descriptor", "truncated before the key list")
     window = struct.unpack_from(f"<{n_window}d", buf, window_at)
@@ -407,6 +431,9 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     first_layer = struct.unpack_from("<I", buf, first_at)[0] if flags & DescriptorFlag.FIRST_LAYER else 0
     if flags & DescriptorFlag.FIRST_LAYER and not 0 < first_layer < layers:
         raise _bad("first_layer", f"{first_layer} is outside 1..{layers - 1} when its flag is set")
+    auto = _DECODE_AUTO.unpack_from(buf, auto_at) if flags & DescriptorFlag.DECODE_AUTO else (0, 0.0, 0.0)
+    if flags & DescriptorFlag.DECODE_AUTO and not (auto[0] >= 1 and _rate_ok(auto[1]) and _rate_ok(auto[2])):
+        raise _bad("decode_auto", f"needs at least 1 client decode worker and finite rates >= 0, not {auto}")
     binary = bool(flags & DescriptorFlag.BINARY_KEY_SUFFIXES)
     prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
     memo_key = (b"B" if binary else b"T") + prefix_len.to_bytes(2, "little") + count.to_bytes(4, "little") + prefix_and_keys
@@ -418,7 +445,8 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
-                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES), first_layer)
+                      not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES), first_layer,
+                      bool(flags & DescriptorFlag.DECODE_AUTO), *auto)
 
 
 # --- put batches ------------------------------------------------------------------
@@ -541,6 +569,8 @@ class TransferStats:
     paths: dict = field(default_factory=dict)
     # Peer streams that failed part-way (broke, stalled, sent bad bytes) and were replaced by another path.
     failovers: int = 0
+    # Chunks stored compressed: where they were decoded ("node" / "client"), why, and the bytes the link carried.
+    decode_site: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -36,6 +36,8 @@ class DecodeSiteRequest:
     node_workers: int
     client_workers: int
     compute_per_layer_s: float = 0.0
+    # The client's own decode rate per core when it measured one (None: the same as ``stored``'s, the node's figure).
+    client_decode_bytes_per_s_per_core: float | None = None
 
     def __post_init__(self) -> None:
         check_transfer(self.num_layers, self.payload_bytes, self.compute_per_layer_s)
@@ -62,13 +64,14 @@ def choose_decode_site(req: DecodeSiteRequest) -> DecodeSite:
     if req.client_workers == 0 or not p.usable:
         return DecodeSite("node", math.nan, math.nan, "no client decode workers or no decode rate: the node decodes")
     per_layer = req.payload_bytes / req.num_layers
-    decode = p.decode_bytes_per_s_per_core
+    theirs = req.client_decode_bytes_per_s_per_core
+    client_rate = p.decode_bytes_per_s_per_core if theirs is None or not theirs > 0 or math.isnan(theirs) else theirs
 
-    def d(workers: int) -> float:
+    def d(decode: float, workers: int) -> float:
         return 0.0 if math.isinf(decode) else per_layer / (decode * workers)
 
-    node = pipeline_stall([d(req.node_workers), per_layer / r], req.num_layers, req.compute_per_layer_s)
-    client = pipeline_stall([per_layer / p.ratio / r, d(req.client_workers)], req.num_layers, req.compute_per_layer_s)
+    node = pipeline_stall([d(p.decode_bytes_per_s_per_core, req.node_workers), per_layer / r], req.num_layers, req.compute_per_layer_s)
+    client = pipeline_stall([per_layer / p.ratio / r, d(client_rate, req.client_workers)], req.num_layers, req.compute_per_layer_s)
     if client < node:
         return DecodeSite("client", node, client, f"client: {client:.4g}s vs node {node:.4g}s (fewer bytes on a slow link)")
     return DecodeSite("node", node, client, f"node: {node:.4g}s vs client {client:.4g}s")

@@ -62,7 +62,7 @@ class Lease:
         elapsed = max(self.pool.clock() - self.admitted_at, 1e-9)
         paced = max(self.bytes_sent - self.bucket.burst - self.last_reserved, 0)
         return {"policy": self.pool.config.policy, "rate_bytes_per_s": self.rate, "epoch": self.epoch,
-                "delivered_bytes_per_s": paced / elapsed}
+                "delivered_bytes_per_s": paced / elapsed, "bytes_sent": self.bytes_sent}
 
 
 class BandwidthPool:

@@ -37,6 +37,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.wire import Descriptor, Mode, TransferStats
 
 from .compressed_reads import ChunkHeader, read_encoded
+from .decode_choice import wire_layer_bytes
 from .decode_pipeline import DecodePipeline, _settled
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .memory_budget import MemoryBudget
@@ -71,12 +72,14 @@ class ReadPlan:
     # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
     # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: the decode pipeline reads them.
     headers: list[ChunkHeader | None] | None = None
+    # Slices go as stored in ENCODED frames, the client decodes (CLIENT_DECODES, or DECODE_AUTO's choice).
+    send_encoded: bool = False
 
     @classmethod
     def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int,
            headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
-        if headers is not None:
-            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers)
+        if headers is not None or descriptor.client_decodes:
+            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers, send_encoded=descriptor.client_decodes)
         s = descriptor.per_layer_chunk_bytes
         known = pinned.derived.get(("rows", s))  # the same pins as a transfer before (a resolved prefix)
         rows, first_rows = known if known is not None else pinned.derived.setdefault(("rows", s), _mapped_rows(pinned, s))
@@ -249,7 +252,7 @@ class Executor:
         """
         d = plan.descriptor
         started = time.perf_counter()
-        if d.client_decodes:  # http: slices as stored, the client decodes
+        if plan.send_encoded:  # http: slices as stored, the client decodes
             return await self._run_encoded(plan, transport, pacer, started)
         if plan.headers is not None:  # compressed chunks: the decode pipeline (no O_DIRECT groups, no L·S read-ahead)
             return await self._run(plan, transport, pacer, started, range(d.num_layers))
@@ -278,8 +281,8 @@ class Executor:
         timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
         read_s = deliver_s = 0.0
         for layer in range(d.num_layers):
-            if pacer is not None:
-                await pacer.before_layer(d.layer_bytes)
+            if pacer is not None:  # the link carries the slices as stored: charge those bytes, not the raw layer's
+                await pacer.before_layer(wire_layer_bytes(headers, layer, s))
             t0 = time.perf_counter()
             timeline[layer][0] = t0 - started
             try:

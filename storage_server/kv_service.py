@@ -33,6 +33,7 @@ from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .compressed_reads import check_puts, encode_puts, read_headers
+from .decode_choice import choose_site, wire_layer_bytes
 from .deadline import LoadDeadline
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
@@ -384,14 +385,33 @@ class KVService:
             # First: it must refuse a layer before the lease reserves (and sleeps for) its bytes.
             pacers.insert(0, LoadDeadline(info.arrived + info.descriptor.load_budget_s, info.descriptor.load_budget_s,
                                           lease.bucket if lease is not None else None, self.pool.clock if self.pool is not None else time.monotonic))
+        site = self._decode_site(info, reads, lease)
         try:
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
             if lease is not None:
                 stats.allocation = lease.describe()
+            stats.decode_site = site
             return stats
         finally:
             if lease is not None and self.pool is not None:
                 self.pool.leave(lease)
+
+    def _decode_site(self, info: TransferInfo, reads: ReadPlan, lease: Lease | None) -> dict[str, Any]:
+        """DECODE_AUTO with chunks stored compressed: decode here or send them as stored (``reads.send_encoded``),
+        by the break-even model over the pool's grant (or the client's declared rate) and the measured decoders."""
+        d = info.descriptor
+        if reads.headers is None:
+            return {}
+        if not (d.decode_auto or d.client_decodes):
+            return {"site": "node", "reason": "decode='node' (shm and rdma always)", "wire_bytes": d.payload_bytes}
+        s = d.per_layer_chunk_bytes
+        wire = sum(wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers))
+        if d.client_decodes:
+            return {"site": "client", "reason": "the client asked (decode='client')", "wire_bytes": wire}
+        choice = choose_site(d, reads.headers, lease.rate if lease is not None else None, self.executor.decoder.status(),
+                             info.plan.compute_per_layer_s)
+        reads.send_encoded = choice.site == "client"
+        return {"site": choice.site, "reason": choice.reason, "wire_bytes": wire if reads.send_encoded else d.payload_bytes}
 
     def tenant_status(self, tenant: str) -> dict[str, Any]:
         """What one tenant may see: its own transfers and regions, nothing of anybody else's or of the host."""

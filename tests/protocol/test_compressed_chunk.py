@@ -136,6 +136,23 @@ def test_the_client_decodes_flag_round_trips_and_is_http_only():
     assert e.value.extra["Field"] == "flags"
 
 
+def test_the_decode_auto_flag_carries_the_clients_figures_and_is_http_only():
+    from protocol.wire import Descriptor, Target, TransportKind, decode_descriptor, encode_descriptor
+
+    http = Target(TransportKind.HTTP, length=2 * 4 * 1024)
+    d = Descriptor(["a/1", "a/2"], 4, 16, 1024, http, (0.001,), load_budget_s=0.5, decode_auto=True, client_decode_workers=3,
+                   client_decode_bytes_per_s=2.5e8, client_link_bytes_per_s=1.25e8)
+    assert decode_descriptor(encode_descriptor(d)) == d  # after the load budget, before the keys
+    for bad in (Descriptor(["a/1"], 4, 16, 1024, Target(TransportKind.SHM, length=4096), decode_auto=True, client_decode_workers=1),
+                Descriptor(["a/1"], 4, 16, 1024, http, decode_auto=True, client_decode_workers=1, client_decodes=True)):
+        with pytest.raises(S3Error) as e:
+            decode_descriptor(encode_descriptor(bad))
+        assert e.value.extra["Field"] == "flags"
+    with pytest.raises(S3Error) as e:  # no workers to decode with
+        encode_descriptor(Descriptor(["a/1"], 4, 16, 1024, http, decode_auto=True))
+    assert e.value.extra["Field"] == "decode_auto"
+
+
 def test_an_encoded_frames_slice_header_is_strict():
     from protocol.compressed_chunk import pack_slice_head, unpack_slice_head
 

@@ -57,3 +57,12 @@ def test_pipeline_stall_is_bottleneck_times_layers_plus_the_rest(stages, layers,
     times = [*stages, compute]
     expected = max(0.0, sum(times) + (layers - 1) * max(times) - layers * compute)
     assert pipeline_stall(stages, layers, compute) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_the_clients_own_measured_decode_rate_is_used_for_its_side():
+    """A client that decodes far slower than the node (a busy engine host) loses even a slow link's choice."""
+    fast_client = choose_decode_site(req(1))
+    assert fast_client.site == "client"
+    slow = DecodeSiteRequest(1 * GBPS, PAYLOAD, 32, ZSTD, 4, 2, 0.0, client_decode_bytes_per_s_per_core=ZSTD.decode_bytes_per_s_per_core / 100)
+    site = choose_decode_site(slow)
+    assert site.site == "node" and site.client_stall_s > fast_client.client_stall_s

@@ -1,0 +1,97 @@
+"""TTFT vs link rate through a real node: raw chunks vs chunks stored compressed, decoded in the node, in the
+SDK, or where ``decode="auto"`` (the kv-get path's own choice, :mod:`storage_server.decode_choice`) puts it.
+
+Per link rate, one ``objectcache serve`` whose bandwidth pool is that rate (``[bandwidth] capacity_gbps``,
+``burst_layers = 0``): every layerwise kv-get is paced to it, charged the bytes its link carries. The same KV
+is put twice, raw and with the stored codec; each http kv-get (the storage server's data endpoint) is timed
+by the SDK, layer by layer, and the engine's compute is laid over the layer arrival times as in the model
+sweep. Before the timed runs one kv-get decodes in the node and one in the SDK, so both sides have measured
+decode rates (what ``auto`` decides with). Runs interleave (repeat → variant); median of ``repeats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import numpy as np
+
+from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+
+from .compression_kv import KVSample
+from .compute_model import modelled_ttft
+from .harness import start_server
+
+BUCKET = "compression-node"
+VARIANTS = ("raw", "node", "client", "auto")
+
+
+def _layout(sample: KVSample, layers: int) -> KVLayout:
+    return KVLayout(layers, sample.layout.tokens, 1, sample.layout.channels, "bfloat16")
+
+
+def _chunks(sample: KVSample, layout: KVLayout, n: int) -> list[np.ndarray]:
+    k = len(sample.slices)
+    return [np.concatenate([sample.slices[(c * layout.num_layers + layer) % k] for layer in range(layout.num_layers)]) for c in range(n)]
+
+
+async def _at_rate(server, sample: KVSample, codec: str, layers: int, chunks: int, repeats: int, workers: int,
+                   compute_per_layer: float) -> dict:
+    layout = _layout(sample, layers)
+    data = _chunks(sample, layout, chunks)
+    tokens = np.arange(chunks * layout.chunk_tokens, dtype=np.uint64)
+    raw_keys, packed_keys = chunk_keys(tokens, layout.chunk_tokens, "node-raw"), chunk_keys(tokens, layout.chunk_tokens, "node-packed")
+    async with ObjectCacheClient(server.endpoint, server.access_key, server.secret_key, bucket=BUCKET, decode_threads=workers) as c:
+        await c.ensure_bucket()
+        await c.put_chunks(raw_keys, data, layout)
+        await c.put_chunks(packed_keys, data, layout, codec=codec)
+        want = np.stack(data).reshape(chunks, layers, -1).transpose(1, 0, 2).reshape(layers, -1)
+
+        async def get(variant: str) -> dict:
+            keys = raw_keys if variant == "raw" else packed_keys
+            decode = "node" if variant == "raw" else variant
+            t0 = time.perf_counter()
+            payload, stats = await c.fetch(keys, layout, "http", mode="layerwise", verify=False, decode=decode)
+            total = time.perf_counter() - t0
+            site = stats.server.decode_site
+            return {"ttft_s": modelled_ttft(stats.layer_arrival_s, compute_per_layer), "load_s": total,
+                    "site": site.get("site", "-"), "reason": site.get("reason", ""),
+                    "wire_bytes": int(site.get("wire_bytes", layout.payload_bytes(chunks))),
+                    "exact": bool(np.array_equal(payload, want)) if variant == "raw" or codec == "zstd" else None}
+
+        await get("node")  # both sides' decoders measured before auto decides with them
+        await get("client")
+        runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        for r in range(repeats):
+            for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+                runs[v].append(await get(v))
+    out = {}
+    for v in VARIANTS:
+        ttfts = [x["ttft_s"] for x in runs[v]]
+        mid = runs[v][ttfts.index(statistics.median_low(ttfts))]
+        out[v] = {"ttft_s": round(mid["ttft_s"], 6), "runs_ttft_s": [round(t, 6) for t in ttfts], "load_s": round(mid["load_s"], 6),
+                  "wire_bytes": mid["wire_bytes"], "site": mid["site"], "sites": sorted({x["site"] for x in runs[v]}),
+                  "reason": mid["reason"], "byte_exact": None if mid["exact"] is None else all(x["exact"] for x in runs[v])}
+    return out
+
+
+def measure(sample: KVSample, codec: str, rates: list[float], layers: int, payload_mb: int, repeats: int, workers: int,
+            compute_per_layer: float) -> dict:
+    """One node per rate; rows of raw / node / client / auto TTFT (the auto row is the real kv-get path's choice)."""
+    layout = _layout(sample, layers)
+    chunks = max(1, (payload_mb << 20) // layout.chunk_bytes)
+    extra = (f'[compression]\nlossy_buckets = ["{BUCKET}"]\ndecompress_threads = {workers}\ndequantise_threads = {workers}\n'
+             f'[bandwidth]\npolicy = "equal"\nburst_layers = 0\n')
+    rows = []
+    for rate in rates:
+        server = start_server(extra + f"capacity_gbps = {rate!r}\n")
+        try:
+            got = asyncio.run(_at_rate(server, sample, codec, layers, chunks, repeats, workers, compute_per_layer))
+        finally:
+            server.stop()
+        raw = got["raw"]["ttft_s"]
+        rows.append({"link_gbps": rate, "variants": got, **{f"{v}_vs_raw": round(raw / got[v]["ttft_s"], 4) for v in VARIANTS if v != "raw"}})
+    return {"measured": True, "codec": codec, "kv": sample.name, "chunks": chunks, "layers": layers, "payload_bytes": layout.payload_bytes(chunks),
+            "workers": workers, "transport": "http (data endpoint)", "rows": rows,
+            "method": "measured: a node's paced kv-gets, layer arrival times at the SDK; modelled: the engine's compute laid over them"}
