@@ -23,19 +23,21 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from protocol.cluster import NodeInfo
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
 from protocol.wire import Descriptor, TransferStats
 from scheduler.estimate import candidate_estimate
-from scheduler.paths import PathRequest, choose_path, predict
+from scheduler.paths import PathRequest, choose_path, fetch_phase, predict
 
 from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, engine_link, host_of, kind_of, peer_link, taken_plan
+from .oracle_view import FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
+from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
 
@@ -47,7 +49,7 @@ class Estimator:
         self.telemetry = Telemetry(node.cfg.rate_ewma_alpha)
         self.refreshed_at = time.monotonic()
         self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
-        self.startup_s: dict[str, float] = {}  # learnt fixed cost per source kind (oracle_view.corrected_startup)
+        self.costs = FixedCosts(node.cfg.rate_ewma_alpha)  # learnt fixed costs (pin, deliver, per source and kind)
         self.answered = 0
         self._task: asyncio.Task | None = None
 
@@ -73,10 +75,10 @@ class Estimator:
         if outcome == "ok" and stats is not None and stats.total_s > 0:
             self.delivered[0] += stats.payload_bytes
             self.delivered[1] += stats.total_s
-        if outcome == "ok" and stats is not None and info.forecast is not None:
-            kind = kind_of(stats.paths)
-            self.startup_s[kind] = corrected_startup(self.startup_s.get(kind, 0.0), stats.setup_s + stats.first_layer_s,
-                                                     info.forecast.first_layer_s, self.cfg.rate_ewma_alpha)
+        f = info.forecast
+        if outcome == "ok" and stats is not None and isinstance(f, NodeForecast):
+            self.costs.observe(f.fetch_s, stats.setup_s + stats.first_layer_s, f.predicted_fetch_s, f.first_layer_s,
+                               f.critical, f.critical_cost_s, f.teaches)
 
     async def _refreshing(self) -> None:
         while True:
@@ -101,7 +103,7 @@ class Estimator:
         if self.node.fetcher is not None:
             flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
         capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
-        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.startup_s))
+        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds))
 
     def nodes(self) -> dict[str, NodeInfo]:
         live = self.node.members.live() if self.node.members is not None else []
@@ -133,35 +135,64 @@ class Estimator:
         want = PathRequest(n, float(req.chunk_bytes), req.num_layers)
         answers = []
         for host, target in zip(req.candidates, targets):
-            # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
-            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
+            # Another node's links: configured only (its measurements are its own); the learnt fixed costs of kinds apply
+            # to it too, not those of this node's own sources.
+            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s={
+                k: v for k, v in load.startup_s.items() if k in ("pin", "deliver", "peer", "upstream")})
             fetcher = self.node.fetcher
             if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
                 view = fetcher.view(warm, n, float(req.chunk_bytes))
                 choice = fetcher.choose(want, view)
             else:
-                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes))
+                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes),
+                                  relay_batch_chunks=FILL_BATCH)
                 choice = choose_path(want, view)
             answers.append(candidate_estimate(host, dict(warm), choice, view))
         self.answered += 1
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
 
     # -- each kv-get's prediction ----------------------------------------------------------
-    def snapshot(self) -> NodeLoad:
-        return self.load()
+    def snapshot(self, request_id: str = "") -> tuple[NodeLoad, float, str]:
+        """The link picture when a kv-get arrives, and when (its pin's time is measured from here to :meth:`forecast`)."""
+        return self.load(), time.perf_counter(), request_id
 
-    def forecast(self, load: NodeLoad, d: Descriptor, paths: Mapping[str, int]) -> Forecast:
-        """The oracle's prediction for a kv-get whose chunks took ``paths`` (from the link picture at its arrival)."""
-        n, chunk = len(d.chunk_keys), d.chunk_object_bytes
-        warm, plan = taken_plan(self.me.node_id, paths, chunk, n)
-        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s, chunk_bytes=float(chunk))
-        choice = predict(PathRequest(n, float(chunk), d.num_layers), view, plan)
-        return Forecast(choice.first_layer_s, choice.total_s)
+    def forecast(self, snapshot: tuple[NodeLoad, float, str], d: Descriptor, paths: Mapping[str, int]) -> "NodeForecast":
+        """The oracle's prediction for a kv-get whose pin has just taken its chunks over ``paths`` (from the link picture at
+        its arrival), with what its fixed costs learn from: the pin's measured time and the source that ended it."""
+        load, t0, request_id = snapshot
+        fetch_s = time.perf_counter() - t0
+        n = len(d.chunk_keys)
+        moves = self.node.fetcher.taken.pop(request_id, None) if self.node.fetcher is not None else None
+        warm, plan, helpers = taken_plan(self.me.node_id, paths, n, moves)
+        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s,
+                          chunk_bytes=float(d.chunk_object_bytes), helpers=helpers, relay_batch_chunks=FILL_BATCH)
+        choice = predict(PathRequest(n, float(d.chunk_object_bytes), d.num_layers), view, plan)
+        pin = load.startup_s.get("pin", 0.0)
+        ended, critical = fetch_phase(choice, view)
+        cost, teaches = 0.0, None
+        if critical is not None:
+            helper = critical.startswith("upstream@") and critical != f"upstream@{self.me.node_id}"
+            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
+            teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
+        return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,
+                            critical, cost, teaches)
 
     def status(self) -> dict[str, object]:
         return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
-                "startup_s": {k: round(v, 6) for k, v in self.startup_s.items()}}
+                "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()}}
+
+
+@dataclass(frozen=True)
+class NodeForecast(Forecast):
+    """A kv-get's prediction and what its learning needs: the pin's measured and predicted time, and the fetched source
+    whose end set the pin's (its fixed cost in the prediction, and the kind it also teaches)."""
+
+    fetch_s: float = 0.0
+    predicted_fetch_s: float = 0.0
+    critical: str | None = None
+    critical_cost_s: float = 0.0
+    teaches: str | None = None
 
 
 def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:
