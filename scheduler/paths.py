@@ -19,6 +19,11 @@ allocator's reservations is shared fairly among the flows on it, re-shared
 when one joins (``PathChoice.link_rates`` is this request's part at admission),
 so no prediction moves bytes faster than the links' pools allow.
 
+A ``store_and_forward`` source (a cluster node fetching into its cache before it delivers) is timed in two
+phases: its fetch over its links but the last, then — once every such part of the request has landed, the
+split point balancing the fetches — the delivery of all the request's chunks over the last link, after the
+node's fixed ``deliver_s``; a ``relay_at`` hop (a helper's cache) stores the bytes before forwarding them.
+
 An engine still busy with the requests ahead of this one (``engine_busy_s``)
 needs the bytes only when it gets to it: paths that deliver by then tie, and
 the tie goes to the emptier path, leaving the fast one to requests that need it.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
+from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
 from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
@@ -91,6 +92,8 @@ class Estimator:
         totals: dict[str, tuple[float, float]] = {engine_link(me.node_id, host_of(me)): (self.delivered[0], self.delivered[1])}
         if tally is not None:
             totals |= {peer_link(p, me.node_id): (float(b), tally.flow_s.get(p, 0.0)) for p, b in tally.flow_bytes.items()}
+        up = self.node.chunks.up.requests  # the store's GETs and HEADs (to their first byte) per busy second
+        totals[UPSTREAM_REQUESTS] = (float(up.done), up.busy_s)
         self.telemetry.refresh(totals)
         self.refreshed_at = time.monotonic()
 
@@ -126,7 +129,10 @@ class Estimator:
         targets = [resolve(h, nodes) for h in req.candidates]  # unknown hosts refused before any peer is asked
         chunks = self.node.chunks
         bucket_id = await chunks.store.bucket_id(bucket)
-        local = next((i for i, k in enumerate(req.keys) if chunks.cached_size(bucket_id, k)[1] is None), len(req.keys))
+        sizes = [chunks.cached_size(bucket_id, k) for k in req.keys]
+        local = next((i for i, (_, size) in enumerate(sizes) if size is None), len(req.keys))
+        stale = stale_count(chunks.files.confirmed, [cid for cid, size in sizes if size is not None], chunks.revalidate_after_s, time.monotonic())
+        revalidate_s = self.tiers.revalidation_s(stale, self.telemetry.rates.get(UPSTREAM_REQUESTS))
         warm = {self.me.node_id: local}
         if self.node.fetcher is not None and local < len(req.keys):
             warm |= await self.node.fetcher.warm_on_peers(tenant, bucket, bucket_id, req.keys, request_id)
@@ -141,7 +147,7 @@ class Estimator:
                 k: v for k, v in load.startup_s.items() if k in ("pin", "deliver", "peer", "upstream")})
             fetcher = self.node.fetcher
             if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
-                view = fetcher.view(warm, n, float(req.chunk_bytes))
+                view = fetcher.view(warm, n, float(req.chunk_bytes), revalidate_s=revalidate_s)
                 choice = fetcher.choose(want, view)
             else:
                 view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes),
@@ -152,22 +158,28 @@ class Estimator:
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
 
     # -- each kv-get's prediction ----------------------------------------------------------
-    def snapshot(self, request_id: str = "") -> tuple[NodeLoad, float, str]:
-        """The link picture when a kv-get arrives, and when (its pin's time is measured from here to :meth:`forecast`)."""
-        return self.load(), time.perf_counter(), request_id
+    def snapshot(self, request_id: str = "") -> tuple[NodeLoad, float, str, int]:
+        """The link picture when a kv-get arrives, and when (its pin's time is measured from here to :meth:`forecast`), and
+        the cache's count of revalidating HEADs so far (the pin's own are the difference)."""
+        return self.load(), time.perf_counter(), request_id, self._revalidated()
 
-    def forecast(self, snapshot: tuple[NodeLoad, float, str], d: Descriptor, paths: Mapping[str, int]) -> "NodeForecast":
+    def _revalidated(self) -> int:
+        return self.node.chunks.revalidated
+
+    def forecast(self, snapshot: tuple[NodeLoad, float, str, int], d: Descriptor, paths: Mapping[str, int]) -> "NodeForecast":
         """The oracle's prediction for a kv-get whose pin has just taken its chunks over ``paths`` (from the link picture at
         its arrival), with what its fixed costs learn from: the pin's measured time and the source that ended it."""
-        load, t0, request_id = snapshot
+        load, t0, request_id, heads = snapshot
         fetch_s = time.perf_counter() - t0
+        revalidate_s = self.tiers.revalidation_s(self._revalidated() - heads, load.rates.get(UPSTREAM_REQUESTS))
         n = len(d.chunk_keys)
         moves = self.node.fetcher.taken.pop(request_id, None) if self.node.fetcher is not None else None
         warm, plan, helpers = taken_plan(self.me.node_id, paths, n, moves)
         view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s,
-                          chunk_bytes=float(d.chunk_object_bytes), helpers=helpers, relay_batch_chunks=FILL_BATCH)
+                          chunk_bytes=float(d.chunk_object_bytes), helpers=helpers, relay_batch_chunks=FILL_BATCH,
+                          revalidate_s=revalidate_s)
         choice = predict(PathRequest(n, float(d.chunk_object_bytes), d.num_layers), view, plan)
-        pin = load.startup_s.get("pin", 0.0)
+        pin = load.startup_s.get("pin", 0.0) + revalidate_s
         ended, critical = fetch_phase(choice, view)
         cost, teaches = 0.0, None
         if critical is not None:
@@ -181,6 +193,11 @@ class Estimator:
         return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
                 "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()}}
+
+
+def stale_count(confirmed: Mapping[str, float], cids: list[str], after_s: float, now: float) -> int:
+    """Cached chunks a pin would check with the upstream first (not confirmed within ``after_s`` of ``now``)."""
+    return sum(1 for cid in cids if now - confirmed.get(cid, -math.inf) >= after_s)
 
 
 @dataclass(frozen=True)

@@ -119,12 +119,15 @@ class PeerFetcher:
         """A peer's front, this node's upstream share and up to ``cold_split_peers`` helpers' shares."""
         return 2 + self.cfg.cold_split_peers
 
-    def view(self, warm: dict[str, int], num_chunks: int, chunk_bytes: float, gone: Collection[str] = (), direct: bool = False) -> OracleView:
-        """The oracle's view of this node's paths for ``num_chunks`` chunks (``warm``: leading chunks held per node)."""
+    def view(self, warm: dict[str, int], num_chunks: int, chunk_bytes: float, gone: Collection[str] = (), direct: bool = False,
+             revalidate_s: float = 0.0) -> OracleView:
+        """The oracle's view of this node's paths for ``num_chunks`` chunks (``warm``: leading chunks held per node;
+        ``revalidate_s``: a pin yet to come checks its stale cached chunks first)."""
         nodes = {n.node_id: n for n in [self.me, *self.members.live()]}
         helpers = [p for p in warm if p != self.me.node_id] if self.cfg.cold_split_peers > 0 else []
         return build_view(self.me, nodes, warm, num_chunks, self.tiers, self.load(), self.cfg.estimate_stale_after_s,
-                          chunk_bytes=chunk_bytes, helpers=helpers, direct=direct, gone=gone, relay_batch_chunks=FILL_BATCH)
+                          chunk_bytes=chunk_bytes, helpers=helpers, direct=direct, gone=gone, relay_batch_chunks=FILL_BATCH,
+                          revalidate_s=revalidate_s)
 
     def choose(self, request: PathRequest, view: OracleView) -> PathChoice:
         """``cluster.path_choice``: the path scheduler, or the fixed peer-first rule it is compared with."""

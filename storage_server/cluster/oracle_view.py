@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from protocol.cluster import NodeInfo
 from protocol.config import ClusterConfig
@@ -50,6 +50,7 @@ from scheduler.paths import OracleView, Source, SourceKind
 
 UPSTREAM_TIER = Tier.CROSS_ZONE  # the upstream is reported as the farthest tier
 STORE_LINK = "upstream"  # the store itself, when its GETs at once for all nodes are limited (cluster.upstream_store_streams)
+UPSTREAM_REQUESTS = "upstream-requests"  # telemetry: the store's achieved GETs and HEADs per busy second, as this node sees it
 
 
 def engine_link(node_id: str, host: str) -> str:
@@ -89,6 +90,20 @@ class TierMap:
                                     (Tier.SAME_ZONE, "same_zone"), (Tier.CROSS_ZONE, "cross_zone"))}
         return cls(tiers, TierLink(cfg.upstream_gbps * GBPS, cfg.upstream_first_byte_ms * 1e-3), max(1, upstream_streams),
                    cfg.upstream_store_streams)
+
+    def revalidation_s(self, stale_chunks: int, requests_per_s: float | None = None) -> float:
+        """A pin's HEADs of cached chunks not confirmed within ``cache.revalidate_after_s``: at the store's measured
+        request rate, else ``upstream_streams`` at once (fewer where the store serves fewer), each the upstream's
+        first-byte time. They come before any fetch."""
+        if requests_per_s:
+            return max(stale_chunks, 0) / requests_per_s
+        streams = min(self.upstream_streams, self.store_streams or self.upstream_streams)
+        return math.ceil(max(stale_chunks, 0) / max(streams, 1)) * self.upstream.latency_s
+
+    def measured_rate(self, chunk_bytes: float, requests_per_s: float) -> float:
+        """Bytes/s of chunk GETs at a measured request rate (each request's first byte, then its bytes at the bandwidth)."""
+        bw = self.upstream.bandwidth_bytes_per_s
+        return bw if chunk_bytes <= 0 else 1 / (1 / (requests_per_s * chunk_bytes) + 1 / bw)
 
     def upstream_rate(self, chunk_bytes: float, streams: int = 0) -> float:
         """Bytes/s ``streams`` GETs at once (default: one node's) of ``chunk_bytes``-byte chunks bring: each GET's first
@@ -191,17 +206,19 @@ def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:
 
 def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[str, int], num_chunks: int,
                tiers: TierMap, load: NodeLoad, stale_after_s: float = math.inf, *, chunk_bytes: float = 0.0,
-               helpers: Sequence[str] = (), direct: bool = False, gone: Collection[str] = (), relay_batch_chunks: int = 0) -> OracleView:
+               helpers: Sequence[str] = (), direct: bool = False, gone: Collection[str] = (), relay_batch_chunks: int = 0,
+               revalidate_s: float = 0.0) -> OracleView:
     """The sources of a prefix for the engine beside ``target``: its cache, every node in ``warm`` holding a
     leading run (``nodes`` gives their labels; an unknown one is taken as far away), the upstream through it,
     through each of ``helpers``' links (``relay_batch_chunks``: the chunks a helper stores before it streams them),
     and (``direct``) each peer holding all of it straight to the engine.
-    A node in ``gone`` (it failed this kv-get) is a source that is not alive."""
+    A node in ``gone`` (it failed this kv-get) is a source that is not alive. ``revalidate_s``: the pin's HEADs of
+    stale cached chunks (:meth:`TierMap.revalidation_s`), before anything else moves."""
     me = target.node_id
     eng = engine_link(me, host_of(target))
     links = {eng: _link(eng, Tier.SAME_HOST, tiers.tiers[Tier.SAME_HOST], load)}
     start = load.startup_s
-    pin, deliver = start.get("pin", 0.0), start.get("deliver", 0.0)
+    pin, deliver = start.get("pin", 0.0) + revalidate_s, start.get("deliver", 0.0)
 
     def to_me(node_id: str) -> str:
         name = peer_link(node_id, me)
@@ -211,12 +228,21 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             links[name] = _link(name, tier, tiers.tiers[tier], load)
         return name
 
+    requests_per_s = load.rates.get(UPSTREAM_REQUESTS)
+    # The store as this node's own GETs and HEADs measured it replaces the configured first-byte time on every node's
+    # upstream link and on the store's own (the same store; what the others achieve is not known here).
+    measured_up = tiers.measured_rate(chunk_bytes, requests_per_s) if requests_per_s else None
+
     def upstream_into(node_id: str) -> tuple[str, ...]:
         name = upstream_link(node_id)
-        links.setdefault(name, _link(name, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes), 0.0), load))
+        if name not in links:
+            links[name] = replace(_link(name, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes), 0.0), load),
+                                  measured_bytes_per_s=measured_up)
         if not tiers.store_streams:
             return (name,)
-        links.setdefault(STORE_LINK, _link(STORE_LINK, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes, tiers.store_streams), 0.0), load))
+        if STORE_LINK not in links:
+            links[STORE_LINK] = replace(_link(STORE_LINK, UPSTREAM_TIER, TierLink(tiers.upstream_rate(chunk_bytes, tiers.store_streams), 0.0), load),
+                                        measured_bytes_per_s=measured_up)
         return (STORE_LINK, name)  # every node's GETs share the store
 
     sources = [Source("local", SourceKind.LOCAL, min(warm.get(me, 0), num_chunks), (eng,), startup_s=pin + deliver)]

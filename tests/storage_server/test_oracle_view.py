@@ -9,7 +9,8 @@ from protocol.config import ClusterConfig
 from scheduler import PathRequest, Tier, choose_path
 from scheduler.oracle import GBPS
 from scheduler.paths import predict
-from storage_server.cluster.oracle_view import FixedCosts, NodeLoad, Telemetry, TierMap, build_view, corrected_startup, fixed_cost, kind_of, taken_plan
+from storage_server.cluster.estimator import stale_count
+from storage_server.cluster.oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, corrected_startup, fixed_cost, kind_of, taken_plan
 
 A = NodeInfo("a", "127.0.0.1:1", zone="z1", rack="r1", host="host-a")
 B = NodeInfo("b", "127.0.0.1:2", zone="z1", rack="r1", host="host-b")
@@ -126,3 +127,24 @@ def test_a_helpers_share_is_stored_then_forwarded_and_delivery_waits_for_every_f
     batched = build_view(A, NODES, {"a": 0}, 4, tiers, NodeLoad(), helpers=["b"], chunk_bytes=1e6, relay_batch_chunks=2)
     c4 = predict(PathRequest(4, 1e6, 10), batched, [("upstream@b", 0, 4)])  # 4 s of GETs; the last batch's 2 s stream after
     assert c4.segments[0].fetched_s == pytest.approx(6.0, rel=1e-3)
+
+
+def test_a_pins_revalidating_heads_come_before_everything_it_moves():
+    tiers = TierMap.from_config(ClusterConfig(upstream_first_byte_ms=50.0, upstream_store_streams=2), upstream_streams=4)
+    assert tiers.revalidation_s(0) == 0.0
+    assert tiers.revalidation_s(5) == pytest.approx(3 * 0.05)  # two at once: the store serves no more
+    plain = build_view(A, NODES, {"a": 4, "b": 10}, 10, TIERS, NodeLoad())
+    stale = build_view(A, NODES, {"a": 4, "b": 10}, 10, TIERS, NodeLoad(), revalidate_s=0.3)
+    for before, after in zip(plain.sources, stale.sources):
+        assert after.startup_s == pytest.approx(before.startup_s + 0.3)
+    assert stale_count({"x": 100.0, "y": 30.0}, ["x", "y", "never"], after_s=60.0, now=120.0) == 2
+
+
+def test_the_stores_measured_request_rate_replaces_the_configured_first_byte_on_every_upstream_link():
+    tiers = TierMap.from_config(ClusterConfig(upstream_first_byte_ms=100.0, upstream_gbps=80.0, upstream_store_streams=1), upstream_streams=4)
+    configured = build_view(A, NODES, {}, 8, tiers, NodeLoad(), chunk_bytes=1e5, helpers=["b"])
+    measured = build_view(A, NODES, {}, 8, tiers, NodeLoad(rates={UPSTREAM_REQUESTS: 50.0}), chunk_bytes=1e5, helpers=["b"])
+    for name in ("upstream->a", "upstream->b", "upstream"):
+        assert configured.links[name].measured_bytes_per_s is None
+        assert measured.links[name].effective_bytes_per_s() == pytest.approx(1 / (1 / 5e6 + 1 / 1e10))  # 50 GETs of 100 kB a second
+    assert tiers.revalidation_s(10, requests_per_s=50.0) == pytest.approx(0.2)
