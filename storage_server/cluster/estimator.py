@@ -144,7 +144,7 @@ class Estimator:
             # Another node's links: configured only (its measurements are its own); the learnt fixed costs of kinds apply
             # to it too, not those of this node's own sources.
             mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s={
-                k: v for k, v in load.startup_s.items() if k in ("pin", "deliver", "peer", "upstream")})
+                k: v for k, v in load.startup_s.items() if k in ("pin", "deliver", "fetch", "peer", "upstream")})
             fetcher = self.node.fetcher
             if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
                 view = fetcher.view(warm, n, float(req.chunk_bytes), revalidate_s=revalidate_s)

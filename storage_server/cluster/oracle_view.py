@@ -33,8 +33,9 @@ fixed costs of a request — is learnt online from the node's own kv-gets (:clas
 as the node's END statistics and its clock split them: ``pin`` (taking a kv-get's chunks when none
 is missing), ``deliver`` (from the pin to the first layer, less the engine link's time: every kv-get
 teaches it), and per source of the fetch (``peer:<W>``, ``upstream@<W>``; a source not yet measured
-starts from its kind's, ``peer`` or ``upstream``: lookups, grants, connections, the far side's read)
-from the pin's time less the links' (the residual goes to the source that set the fetch's end).
+starts from its kind's, ``peer`` or ``upstream``, and a kind from ``fetch``, what every fetched share pays:
+the lookup, the grant, the set-up) from the pin's time less the links' (the residual goes to the source
+that set the fetch's end).
 """
 
 from __future__ import annotations
@@ -157,10 +158,13 @@ def kind_of(source: str) -> str:
 
 
 def fixed_cost(costs: Mapping[str, float], source: str, default: float | None = None) -> float:
-    """A source's learnt fixed cost, else ``default``, else its kind's (0 when nothing was learnt)."""
+    """A source's learnt fixed cost, else ``default``, else its kind's, else any fetch's (``fetch``: the lookup, the grant
+    and the set-up every fetched share pays), else 0."""
     if source in costs:
         return costs[source]
-    return default if default is not None else costs.get(kind_of(source), 0.0)
+    if default is not None:
+        return default
+    return costs.get(kind_of(source), costs.get("fetch", 0.0))
 
 
 @dataclass
@@ -183,20 +187,22 @@ class FixedCosts:
         prediction said ``predicted_fetch_s`` and ``predicted_first_layer_s``. ``critical``: the fetched source whose end
         set the pin's (None: nothing was fetched), whose fixed cost in the prediction was ``used_s``; ``kind``: the kind it
         also teaches (None: none, e.g. a helper, whose cost is its own). The pin's residual teaches ``pin`` or that
-        source (and its kind); the rest of the first layer's teaches ``deliver``."""
+        source, its kind and ``fetch`` (each as if the prediction had used its value: a source or kind not measured yet
+        starts from the level above); the rest of the first layer's teaches ``deliver``."""
         if critical is None:
             self.learn("pin", fetch_s, predicted_fetch_s, 0.0)
         else:
-            if kind is not None and kind != critical:
-                mine = self.seconds.get(kind, 0.0)
-                self.learn(kind, fetch_s, predicted_fetch_s - used_s + mine, 0.0)
+            for level in ("fetch", kind):  # what the prediction would have been with that level's cost
+                if level is not None and level != critical:
+                    value = fixed_cost(self.seconds, level)
+                    self.learn(level, fetch_s, predicted_fetch_s - used_s + value, value)
             self.learn(critical, fetch_s, predicted_fetch_s, used_s)
         self.learn("deliver", first_layer_s - fetch_s, predicted_first_layer_s - predicted_fetch_s, 0.0)
 
 
 def helper_prior(costs: Mapping[str, float]) -> float:
     """A helper's fixed cost until it has its own: the upstream's (its GETs) and a peer stream's (here)."""
-    return costs.get("upstream", 0.0) + costs.get("peer", 0.0)
+    return fixed_cost(costs, "upstream") + fixed_cost(costs, "peer")
 
 
 def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:

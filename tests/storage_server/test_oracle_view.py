@@ -99,7 +99,10 @@ def test_the_pin_and_its_critical_source_teach_their_own_costs_and_every_kv_get_
     assert costs.seconds == pytest.approx({"pin": 0.005, "deliver": 0.019})
     # A kv-get fetched from B: its pin took 80 ms where 30 ms was predicted with the peer kind's 0 s.
     costs.observe(0.080, 0.100, 0.030, 0.050, critical="peer:b", used_s=0.0, kind="peer")
-    assert costs.seconds["peer:b"] == pytest.approx(0.050) and costs.seconds["peer"] == pytest.approx(0.050)
+    assert costs.seconds["peer:b"] == costs.seconds["peer"] == costs.seconds["fetch"] == pytest.approx(0.050)
+    # The upstream kind has not been measured: its first share starts from what any fetch paid.
+    first_up = {s.name: s for s in build_view(A, NODES, {}, 4, TIERS, NodeLoad(startup_s=dict(costs.seconds))).sources}["upstream@a"]
+    assert first_up.startup_s == pytest.approx(0.005 + 0.02 + 0.05)
     assert costs.seconds["deliver"] == pytest.approx(0.019)  # its delivery took the 20 ms predicted
     # C has no cost of its own yet: it starts from the kind's; a helper starts from the upstream's and a peer's.
     load = NodeLoad(startup_s={**costs.seconds, "upstream": 0.1})
