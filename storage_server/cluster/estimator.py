@@ -55,6 +55,7 @@ class Estimator:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self.node.chunks.up.requests.full = self.node.chunks.concurrency  # the store's rate at a pin's GETs at once
         self.kv.observers.append(self._delivered)
         self.kv.forecaster = self
         if self.node.fetcher is not None:

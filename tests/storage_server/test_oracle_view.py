@@ -151,3 +151,18 @@ def test_the_stores_measured_request_rate_replaces_the_configured_first_byte_on_
         assert configured.links[name].measured_bytes_per_s is None
         assert measured.links[name].effective_bytes_per_s() == pytest.approx(1 / (1 / 5e6 + 1 / 1e10))  # 50 GETs of 100 kB a second
     assert tiers.revalidation_s(10, requests_per_s=50.0) == pytest.approx(0.2)
+
+
+def test_the_stores_request_rate_is_tallied_only_at_a_pins_concurrency():
+    from storage_server.store.s3.upstream import RequestTally
+
+    t = RequestTally(full=2)
+    t.begin()
+    t.end()  # a lone request (a heartbeat's read) says nothing of the rate at a pin's concurrency
+    assert (t.done, t.busy_s) == (0, 0.0)
+    for _ in range(3):
+        t.begin()
+    t.end()
+    t.end()  # two answered while two or more were in flight; the last alone
+    t.end()
+    assert t.done == 2 and t.busy_s > 0 and t.inflight == 0

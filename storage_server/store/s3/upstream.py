@@ -61,24 +61,31 @@ def unavailable(e: BaseException, resource: str = "") -> S3Error:
 
 @dataclass
 class RequestTally:
-    """Object GETs and HEADs answered (to their first byte) and the seconds any was in flight: the store's achieved
-    request rate, which the delivery-time oracle measures instead of trusting the configured first-byte time."""
+    """Object GETs and HEADs answered (to their first byte) while at least ``full`` were in flight, and the seconds they
+    were: the store's achieved request rate at a pin's concurrency, which the delivery-time oracle measures instead
+    of trusting the configured first-byte time (a lone request, e.g. a heartbeat's, says nothing of that rate)."""
 
+    full: int = 1
     done: int = 0
     busy_s: float = 0.0
     inflight: int = 0
     since: float = 0.0
 
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        if self.inflight >= self.full:
+            self.busy_s += now - self.since
+        self.since = now
+
     def begin(self) -> None:
-        if self.inflight == 0:
-            self.since = time.perf_counter()
+        self._tick()
         self.inflight += 1
 
     def end(self) -> None:
+        self._tick()
+        if self.inflight >= self.full:
+            self.done += 1
         self.inflight -= 1
-        self.done += 1
-        if self.inflight == 0:
-            self.busy_s += time.perf_counter() - self.since
 
 
 class Upstream:
