@@ -191,7 +191,10 @@ class Estimator:
                             critical, cost, teaches)
 
     def status(self) -> dict[str, object]:
-        return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
+        rates = dict(self.telemetry.rates)
+        store = rates.pop(UPSTREAM_REQUESTS, None)
+        return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in rates.items()},
+                "upstream_requests_per_s": None if store is None else round(store, 3),
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
                 "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()}}
 
