@@ -80,7 +80,7 @@ class Estimator:
         f = info.forecast
         if outcome == "ok" and stats is not None and isinstance(f, NodeForecast):
             self.costs.observe(f.fetch_s, stats.setup_s + stats.first_layer_s, f.predicted_fetch_s, f.first_layer_s,
-                               f.critical, f.critical_cost_s, f.teaches)
+                               f.critical, f.critical_cost_s, f.teaches, f.heads, f.heads_s)
 
     async def _refreshing(self) -> None:
         while True:
@@ -133,7 +133,7 @@ class Estimator:
         sizes = [chunks.cached_size(bucket_id, k) for k in req.keys]
         local = next((i for i, (_, size) in enumerate(sizes) if size is None), len(req.keys))
         stale = stale_count(chunks.files.confirmed, [cid for cid, size in sizes if size is not None], chunks.revalidate_after_s, time.monotonic())
-        revalidate_s = self.tiers.revalidation_s(stale, self.telemetry.rates.get(UPSTREAM_REQUESTS))
+        revalidate_s = self._revalidation_s(stale, self.load())
         warm = {self.me.node_id: local}
         if self.node.fetcher is not None and local < len(req.keys):
             warm |= await self.node.fetcher.warm_on_peers(tenant, bucket, bucket_id, req.keys, request_id)
@@ -172,7 +172,8 @@ class Estimator:
         its arrival), with what its fixed costs learn from: the pin's measured time and the source that ended it."""
         load, t0, request_id, heads = snapshot
         fetch_s = time.perf_counter() - t0
-        revalidate_s = self.tiers.revalidation_s(self._revalidated() - heads, load.rates.get(UPSTREAM_REQUESTS))
+        heads = self._revalidated() - heads
+        revalidate_s = self._revalidation_s(heads, load)
         n = len(d.chunk_keys)
         moves = self.node.fetcher.taken.pop(request_id, None) if self.node.fetcher is not None else None
         warm, plan, helpers = taken_plan(self.me.node_id, paths, n, moves)
@@ -188,7 +189,13 @@ class Estimator:
             cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
             teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
         return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,
-                            critical, cost, teaches)
+                            critical, cost, teaches, heads, revalidate_s)
+
+    def _revalidation_s(self, heads: int, load: NodeLoad) -> float:
+        """``heads`` revalidating HEADs: at one HEAD's learnt time, else at the store's measured rate, else configured."""
+        if "revalidate" in load.startup_s:
+            return heads * load.startup_s["revalidate"]
+        return self.tiers.revalidation_s(heads, load.rates.get(UPSTREAM_REQUESTS))
 
     def status(self) -> dict[str, object]:
         rates = dict(self.telemetry.rates)
@@ -214,6 +221,8 @@ class NodeForecast(Forecast):
     critical: str | None = None
     critical_cost_s: float = 0.0
     teaches: str | None = None
+    heads: int = 0  # revalidating HEADs the pin sent ...
+    heads_s: float = 0.0  # ... and their predicted time
 
 
 def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:

@@ -182,14 +182,18 @@ class FixedCosts:
         self.samples[key] = n + 1
 
     def observe(self, fetch_s: float, first_layer_s: float, predicted_fetch_s: float, predicted_first_layer_s: float,
-                critical: str | None = None, used_s: float = 0.0, kind: str | None = None) -> None:
+                critical: str | None = None, used_s: float = 0.0, kind: str | None = None, heads: int = 0, heads_s: float = 0.0) -> None:
         """A finished kv-get: the pin took ``fetch_s`` and its first layer was out ``first_layer_s`` after arrival; the
         prediction said ``predicted_fetch_s`` and ``predicted_first_layer_s``. ``critical``: the fetched source whose end
         set the pin's (None: nothing was fetched), whose fixed cost in the prediction was ``used_s``; ``kind``: the kind it
         also teaches (None: none, e.g. a helper, whose cost is its own). The pin's residual teaches ``pin`` or that
         source, its kind and ``fetch`` (each as if the prediction had used its value: a source or kind not measured yet
-        starts from the level above); the rest of the first layer's teaches ``deliver``."""
-        if critical is None:
+        starts from the level above); the rest of the first layer's teaches ``deliver``. A pin with nothing to fetch that
+        sent ``heads`` revalidating HEADs (predicted ``heads_s`` of its time) teaches one HEAD's time (``revalidate``)
+        instead of ``pin``, so that error scales with the stale count rather than starting every later kv-get."""
+        if critical is None and heads > 0:
+            self.learn("revalidate", fetch_s / heads, predicted_fetch_s / heads, heads_s / heads)
+        elif critical is None:
             self.learn("pin", fetch_s, predicted_fetch_s, 0.0)
         else:
             for level in ("fetch", kind):  # what the prediction would have been with that level's cost

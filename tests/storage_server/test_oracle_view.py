@@ -166,3 +166,11 @@ def test_the_stores_request_rate_is_tallied_only_at_a_pins_concurrency():
     t.end()  # two answered while two or more were in flight; the last alone
     t.end()
     assert t.done == 2 and t.busy_s > 0 and t.inflight == 0
+
+
+def test_a_pins_revalidating_heads_teach_one_heads_time_not_the_pins():
+    costs = FixedCosts(alpha=0.3)
+    costs.observe(0.005, 0.025, 0.0, 0.001)  # a pin with nothing to check: 5 ms
+    # 10 HEADs predicted at 20 ms each (0.2 s) took 0.405 s with the pin's 5 ms: one HEAD ~40 ms; the pin stays.
+    costs.observe(0.405, 0.425, 0.205, 0.206, heads=10, heads_s=0.2)
+    assert costs.seconds["pin"] == pytest.approx(0.005) and costs.seconds["revalidate"] == pytest.approx(0.04)
