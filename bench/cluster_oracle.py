@@ -147,11 +147,12 @@ async def one_request(nodes: dict[str, BenchServer], bucket: str, name: str, key
     s = stats.server
     return {"node": name, "chunks": len(keys), "s": wall, "measured_first_layer_s": s.setup_s + s.first_layer_s,
             "predicted_first_layer_s": est.first_layer_s, "predicted_total_s": est.total_s,
+            "setup_s": s.setup_s, "server_first_layer_s": s.first_layer_s, "server_total_s": s.total_s,
             "predicted_path": [p.source for p in est.path], "paths": s.paths}
 
 
 async def replay(up: upstreams.Upstream, layout: KVLayout, requests: list[list[int]], blob: bytes,
-                 peer_rate: float, fb_ms: float, store_streams: int, transport: str) -> dict[str, list[dict]]:
+                 peer_rate: float, fb_ms: float, store_streams: int, transport: str) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """The replay under every path choice at once, request by request (request i under each mode, then i + 1), so the
     modes see the same moment of a shared machine's load; each mode has its own three nodes and bucket."""
     cache = 4 * layout.chunk_bytes * sum(len(r) for r in requests)
@@ -170,7 +171,9 @@ async def replay(up: upstreams.Upstream, layout: KVLayout, requests: list[list[i
             for k in range(len(MODES)):  # the order rotates, so no mode is always first after a pause
                 mode = MODES[(i + k) % len(MODES)]
                 rows[mode].append(await one_request(trios[mode], f"oracle-{mode}", NODES[i % len(NODES)], keys, layout, transport))
-        return rows
+        # What the scheduler's nodes learnt (measured rates, fixed costs): the README's reasons come from here.
+        learnt = {name: node.status().get("oracle", {}) for name, node in trios["scheduler"].items()}
+        return rows, learnt
     finally:
         for nodes in trios.values():
             for n in nodes.values():
@@ -193,7 +196,7 @@ async def run_case(up: upstreams.Upstream, args: argparse.Namespace, layout: KVL
     blob = np.random.default_rng(5).integers(0, 256, layout.chunk_bytes, dtype=np.uint8).tobytes()
     peer_rate = args.peer_mbps * 1e6
     fb_ms, store_streams = await calibrate(up, blob)
-    runs = await replay(up, layout, requests, blob, peer_rate, fb_ms, store_streams, args.transport)
+    runs, learnt = await replay(up, layout, requests, blob, peer_rate, fb_ms, store_streams, args.transport)
     sched = runs["scheduler"]
     errors = [abs(r["predicted_first_layer_s"] - r["measured_first_layer_s"]) / r["measured_first_layer_s"]
               for r in sched[WARMUP:] if r["measured_first_layer_s"] > 0]
@@ -203,7 +206,7 @@ async def run_case(up: upstreams.Upstream, args: argparse.Namespace, layout: KVL
             "path_regret_p50": statistics.median(regrets),
             "modes": {m: {"mean_s": statistics.mean(r["s"] for r in rs), "p50_s": statistics.median(r["s"] for r in rs),
                           "chunk_paths": _path_totals(rs)} for m, rs in runs.items()},
-            "runs": runs}
+            "runs": runs, "learnt": learnt}
 
 
 def _path_totals(rows: list[dict]) -> dict[str, int]:

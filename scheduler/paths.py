@@ -19,6 +19,11 @@ allocator's reservations is shared fairly among the flows on it, re-shared
 when one joins (``PathChoice.link_rates`` is this request's part at admission),
 so no prediction moves bytes faster than the links' pools allow.
 
+A ``store_and_forward`` source (a cluster node fetching into its cache before it delivers) is timed in two
+phases: its fetch over its links but the last, then — once every such part of the request has landed, the
+split point balancing the fetches — the delivery of all the request's chunks over the last link, after the
+node's fixed ``deliver_s``; a ``relay_at`` hop (a helper's cache) stores the bytes before forwarding them.
+
 An engine still busy with the requests ahead of this one (``engine_busy_s``)
 needs the bytes only when it gets to it: paths that deliver by then tie, and
 the tie goes to the emptier path, leaving the fast one to requests that need it.
@@ -64,7 +69,12 @@ class Source:
     alive: bool = True  # False: the peer is gone (no heartbeat); never chosen
     startup_s: float = 0.0  # before the first byte moves (e.g. an upstream's first-byte time)
     whole_only: bool = False  # serves the whole request or none of it (never one side of a split)
-    store_and_forward: bool = False  # its chunks are all fetched before the first layer moves on (a node's cache)
+    # Its links but the last fetch the chunks into the destination's node; delivery over the last link starts once
+    # every such part of the request has landed (the node pins all its chunks first), after ``deliver_s``.
+    store_and_forward: bool = False
+    deliver_s: float = 0.0  # fixed cost of that delivery (the node's own kv-get: gateway, pin, first read)
+    relay_at: int = 0  # >0: the fetch stores the bytes at this link index before moving on (a helper's cache) ...
+    relay_batch_chunks: int = 0  # ... this many chunks at a time (0: all of its share)
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Segment:
     end_chunk: int  # exclusive
     first_layer_s: float
     total_s: float
+    fetched_s: float = 0.0  # its chunks are in the destination's node (store-and-forward), else its delivery ended
 
 
 @dataclass(frozen=True)
@@ -198,15 +209,15 @@ def _balanced(request: PathRequest, view: OracleView, fixed: list[tuple[Source, 
         plan = _plan(group, counts, start)
         choice = _evaluate(request, view, fixed + plan)
         tried.append(choice)
-        times = {s.source: s.total_s for s in choice.segments}
+        times = {s.source: s.fetched_s for s in choice.segments}
         latency, rate = [], []
         for src, c in zip(group, counts):
-            lat = src.startup_s + sum(view.links[link].latency_s for link in src.links)
+            lat = _lead_s(view, src)
             if c > 0:
                 r = c / max(times[src.name] - lat, 1e-12)
             else:  # unused so far: its rate for one chunk alone beside the others
                 one = _evaluate(request, view, fixed + _plan(group, [1 if s is src else k for s, k in zip(group, counts)], start))
-                r = 1 / max({s.source: s.total_s for s in one.segments}[src.name] - lat, 1e-12)
+                r = 1 / max({s.source: s.fetched_s for s in one.segments}[src.name] - lat, 1e-12)
             latency.append(lat)
             rate.append(r)
         counts = _shares(m, latency, rate)
@@ -267,6 +278,14 @@ def predict(request: PathRequest, view: OracleView, plan: Sequence[tuple[str, in
     return _evaluate(request, view, [(by_name[name], a, b) for name, a, b in plan if b > a])
 
 
+def fetch_phase(choice: PathChoice, view: OracleView) -> tuple[float, str | None]:
+    """When a choice's store-and-forward parts have all landed (its delivery waits for that), and the source that lands
+    last (None, at 0.0: nothing is fetched)."""
+    saf = {s.name for s in view.sources if s.store_and_forward}
+    last = max((s for s in choice.segments if s.source in saf), key=lambda s: s.fetched_s, default=None)
+    return (0.0, None) if last is None else (last.fetched_s, last.source)
+
+
 def schedule_batch(requests: Sequence[PathRequest], view: OracleView, allow_split: bool = True,
                    max_segments: int = 2) -> tuple[list[PathChoice], OracleView]:
     """Place requests one after another, each seeing the flows of those placed before it; returns the new view."""
@@ -297,7 +316,7 @@ def _best_split(request: PathRequest, view: OracleView, front: Source, back: Sou
 
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        times = {s.source: s.total_s for s in plan(mid).segments}
+        times = {s.source: s.fetched_s for s in plan(mid).segments}
         if times[front.name] < times[back.name]:
             lo = mid
         else:
@@ -305,22 +324,57 @@ def _best_split(request: PathRequest, view: OracleView, front: Source, back: Sou
     return _pick([plan(lo), plan(hi)])
 
 
+def _stage_s(view: OracleView, links: Sequence[str], link_bytes: Mapping[str, float], fraction: float) -> float:
+    """Pipelined links: their latencies, then the slowest one for ``fraction`` of this request's bytes on each."""
+    if not links:
+        return 0.0
+    return (sum(view.links[k].latency_s for k in links)
+            + max(ps_seconds(view.links[k], link_bytes[k] * fraction, view.stale_after_s) for k in links))
+
+
+def _fetch_s(view: OracleView, source: Source, chunks: int, link_bytes: Mapping[str, float]) -> float:
+    """When a store-and-forward part's chunks are all in the destination's node: its start-up, then its fetch links
+    (pipelined; with ``relay_at``, the bytes stored there first and forwarded a batch at a time: the later of the
+    first stage's end plus the last batch's forwarding and the first batch's arrival plus the whole forwarding)."""
+    fetch = source.links[:-1]
+    if not 0 < source.relay_at < len(fetch):
+        return source.startup_s + _stage_s(view, fetch, link_bytes, 1.0)
+    into, onward = fetch[:source.relay_at], fetch[source.relay_at:]
+    batch = 1.0 if source.relay_batch_chunks <= 0 else min(1.0, source.relay_batch_chunks / max(chunks, 1))
+    return source.startup_s + max(_stage_s(view, into, link_bytes, 1.0) + _stage_s(view, onward, link_bytes, batch),
+                                  _stage_s(view, into, link_bytes, batch) + _stage_s(view, onward, link_bytes, 1.0))
+
+
+def _lead_s(view: OracleView, source: Source) -> float:
+    """A source's fixed time before its bytes flow: start-up and the latencies of the links it is timed over."""
+    links = source.links[:-1] if source.store_and_forward else source.links
+    return source.startup_s + sum(view.links[k].latency_s for k in links)
+
+
 def _evaluate(request: PathRequest, view: OracleView, parts: list[tuple[Source, int, int]]) -> PathChoice:
-    """Predict a plan: each part's bytes cross its source's links; parts sharing a link share it."""
+    """Predict a plan: each part's bytes cross its source's links; parts sharing a link share it.
+
+    Store-and-forward parts fetch first; the destination's node delivers over their last link once the slowest of
+    them has landed (its ``deliver_s`` later), and so do the other parts ending on that link (its own cache)."""
     stale = view.stale_after_s
     link_bytes: dict[str, float] = {}
     for source, a, b in parts:
         for link in source.links:
             link_bytes[link] = link_bytes.get(link, 0.0) + (b - a) * request.chunk_bytes
+    fetched = [_fetch_s(view, s, b - a, link_bytes) if s.store_and_forward and s.links else None for s, a, b in parts]
+    gated = {s.links[-1] for (s, _, _), f in zip(parts, fetched) if f is not None}
+    gate = max((f for f in fetched if f is not None), default=0.0)
+    deliver = gate + max((s.deliver_s for (s, _, _), f in zip(parts, fetched) if f is not None), default=0.0)
     segments = []
-    for source, a, b in parts:
-        latency = source.startup_s + sum(view.links[link].latency_s for link in source.links)
-        total = first = latency
-        for link in source.links:  # pipelined hops: the slowest link (for all this request's bytes on it) sets the pace
-            mine = link_bytes[link]
-            total = max(total, latency + ps_seconds(view.links[link], mine, stale))
-            first = max(first, latency + ps_seconds(view.links[link], mine / request.num_layers, stale))
-        segments.append(Segment(source.name, a, b, total if source.store_and_forward else first, total))
+    for (source, a, b), ready in zip(parts, fetched):
+        tail, start = source.links, source.startup_s
+        if ready is not None:  # delivered from the node's cache once the pin has every chunk
+            tail, start = source.links[-1:], deliver
+        elif source.links and source.links[-1] in gated:  # the node's own cache, delivered with the fetched parts
+            ready, start = source.startup_s, max(source.startup_s, deliver)
+        first = start + _stage_s(view, tail, link_bytes, 1 / request.num_layers)
+        total = start + _stage_s(view, tail, link_bytes, 1.0)
+        segments.append(Segment(source.name, a, b, first, total, total if ready is None else ready))
     first_layer = max((s.first_layer_s for s in segments), default=0.0)
     total = max((s.total_s for s in segments), default=0.0)
     rates: dict[str, float] = {}

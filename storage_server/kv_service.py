@@ -63,8 +63,8 @@ class Forecast:
 class Forecaster(Protocol):
     """Predicts kv-gets (a cluster node's :class:`~storage_server.cluster.estimator.Estimator`)."""
 
-    def snapshot(self) -> Any:
-        """The link picture now (taken when a kv-get arrives)."""
+    def snapshot(self, request_id: str = "") -> Any:
+        """The link picture now (taken when kv-get ``request_id`` arrives)."""
 
     def forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast:
         """The prediction for ``d`` whose chunks took ``paths``, from the picture at its arrival."""
@@ -256,7 +256,7 @@ class KVService:
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s,
                            self.peer_pace if call.request.fields.get("via") else None)
         slot = next(self._transfers)
-        snapshot = self.forecaster.snapshot() if self.forecaster is not None else None
+        snapshot = self.forecaster.snapshot(request_id) if self.forecaster is not None else None
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned = None
         try:

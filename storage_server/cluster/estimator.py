@@ -21,21 +21,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from protocol.cluster import NodeInfo
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
 from protocol.wire import Descriptor, TransferStats
 from scheduler.estimate import candidate_estimate
-from scheduler.paths import PathRequest, choose_path, predict
+from scheduler.paths import PathRequest, choose_path, fetch_phase, predict
 
 from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, engine_link, host_of, kind_of, peer_link, taken_plan
+from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
+from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
 
@@ -47,11 +50,12 @@ class Estimator:
         self.telemetry = Telemetry(node.cfg.rate_ewma_alpha)
         self.refreshed_at = time.monotonic()
         self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
-        self.startup_s: dict[str, float] = {}  # learnt fixed cost per source kind (oracle_view.corrected_startup)
+        self.costs = FixedCosts(node.cfg.rate_ewma_alpha)  # learnt fixed costs (pin, deliver, per source and kind)
         self.answered = 0
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self.node.chunks.up.requests.full = self.node.chunks.concurrency  # the store's rate at a pin's GETs at once
         self.kv.observers.append(self._delivered)
         self.kv.forecaster = self
         if self.node.fetcher is not None:
@@ -73,10 +77,10 @@ class Estimator:
         if outcome == "ok" and stats is not None and stats.total_s > 0:
             self.delivered[0] += stats.payload_bytes
             self.delivered[1] += stats.total_s
-        if outcome == "ok" and stats is not None and info.forecast is not None:
-            kind = kind_of(stats.paths)
-            self.startup_s[kind] = corrected_startup(self.startup_s.get(kind, 0.0), stats.setup_s + stats.first_layer_s,
-                                                     info.forecast.first_layer_s, self.cfg.rate_ewma_alpha)
+        f = info.forecast
+        if outcome == "ok" and stats is not None and isinstance(f, NodeForecast):
+            self.costs.observe(f.fetch_s, stats.setup_s + stats.first_layer_s, f.predicted_fetch_s, f.first_layer_s,
+                               f.critical, f.critical_cost_s, f.teaches, f.heads, f.heads_s)
 
     async def _refreshing(self) -> None:
         while True:
@@ -89,6 +93,8 @@ class Estimator:
         totals: dict[str, tuple[float, float]] = {engine_link(me.node_id, host_of(me)): (self.delivered[0], self.delivered[1])}
         if tally is not None:
             totals |= {peer_link(p, me.node_id): (float(b), tally.flow_s.get(p, 0.0)) for p, b in tally.flow_bytes.items()}
+        up = self.node.chunks.up.requests  # the store's GETs and HEADs (to their first byte) per busy second
+        totals[UPSTREAM_REQUESTS] = (float(up.done), up.busy_s)
         self.telemetry.refresh(totals)
         self.refreshed_at = time.monotonic()
 
@@ -101,7 +107,7 @@ class Estimator:
         if self.node.fetcher is not None:
             flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
         capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
-        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.startup_s))
+        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds))
 
     def nodes(self) -> dict[str, NodeInfo]:
         live = self.node.members.live() if self.node.members is not None else []
@@ -124,7 +130,10 @@ class Estimator:
         targets = [resolve(h, nodes) for h in req.candidates]  # unknown hosts refused before any peer is asked
         chunks = self.node.chunks
         bucket_id = await chunks.store.bucket_id(bucket)
-        local = next((i for i, k in enumerate(req.keys) if chunks.cached_size(bucket_id, k)[1] is None), len(req.keys))
+        sizes = [chunks.cached_size(bucket_id, k) for k in req.keys]
+        local = next((i for i, (_, size) in enumerate(sizes) if size is None), len(req.keys))
+        stale = stale_count(chunks.files.confirmed, [cid for cid, size in sizes if size is not None], chunks.revalidate_after_s, time.monotonic())
+        revalidate_s = self._revalidation_s(stale, self.load())
         warm = {self.me.node_id: local}
         if self.node.fetcher is not None and local < len(req.keys):
             warm |= await self.node.fetcher.warm_on_peers(tenant, bucket, bucket_id, req.keys, request_id)
@@ -133,35 +142,87 @@ class Estimator:
         want = PathRequest(n, float(req.chunk_bytes), req.num_layers)
         answers = []
         for host, target in zip(req.candidates, targets):
-            # Another node's links: configured only (its measurements are its own); the learnt fixed costs apply to it too.
-            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s=load.startup_s)
+            # Another node's links: configured only (its measurements are its own); the learnt fixed costs of kinds apply
+            # to it too, not those of this node's own sources.
+            mine = load if target.node_id == self.me.node_id else NodeLoad(startup_s={
+                k: v for k, v in load.startup_s.items() if k in ("pin", "deliver", "fetch", "peer", "upstream")})
             fetcher = self.node.fetcher
             if target.node_id == self.me.node_id and fetcher is not None:  # exactly what a kv-get here would do
-                view = fetcher.view(warm, n, float(req.chunk_bytes))
+                view = fetcher.view(warm, n, float(req.chunk_bytes), revalidate_s=revalidate_s)
                 choice = fetcher.choose(want, view)
             else:
-                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes))
+                view = build_view(target, nodes, warm, n, self.tiers, mine, self.cfg.estimate_stale_after_s, chunk_bytes=float(req.chunk_bytes),
+                                  relay_batch_chunks=FILL_BATCH)
                 choice = choose_path(want, view)
             answers.append(candidate_estimate(host, dict(warm), choice, view))
         self.answered += 1
         return EstimateReply(n, req.chunk_bytes, req.num_layers, round(load.age_s, 6), answers)
 
     # -- each kv-get's prediction ----------------------------------------------------------
-    def snapshot(self) -> NodeLoad:
-        return self.load()
+    def snapshot(self, request_id: str = "") -> tuple[NodeLoad, float, str, int]:
+        """The link picture when a kv-get arrives, and when (its pin's time is measured from here to :meth:`forecast`), and
+        the cache's count of revalidating HEADs so far (the pin's own are the difference)."""
+        return self.load(), time.perf_counter(), request_id, self._revalidated()
 
-    def forecast(self, load: NodeLoad, d: Descriptor, paths: Mapping[str, int]) -> Forecast:
-        """The oracle's prediction for a kv-get whose chunks took ``paths`` (from the link picture at its arrival)."""
-        n, chunk = len(d.chunk_keys), d.chunk_object_bytes
-        warm, plan = taken_plan(self.me.node_id, paths, chunk, n)
-        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s, chunk_bytes=float(chunk))
-        choice = predict(PathRequest(n, float(chunk), d.num_layers), view, plan)
-        return Forecast(choice.first_layer_s, choice.total_s)
+    def _revalidated(self) -> int:
+        return self.node.chunks.revalidated
+
+    def forecast(self, snapshot: tuple[NodeLoad, float, str, int], d: Descriptor, paths: Mapping[str, int]) -> "NodeForecast":
+        """The oracle's prediction for a kv-get whose pin has just taken its chunks over ``paths`` (from the link picture at
+        its arrival), with what its fixed costs learn from: the pin's measured time and the source that ended it."""
+        load, t0, request_id, heads = snapshot
+        fetch_s = time.perf_counter() - t0
+        heads = self._revalidated() - heads
+        revalidate_s = self._revalidation_s(heads, load)
+        n = len(d.chunk_keys)
+        moves = self.node.fetcher.taken.pop(request_id, None) if self.node.fetcher is not None else None
+        warm, plan, helpers = taken_plan(self.me.node_id, paths, n, moves)
+        view = build_view(self.me, self.nodes(), warm, n, self.tiers, load, self.cfg.estimate_stale_after_s,
+                          chunk_bytes=float(d.chunk_object_bytes), helpers=helpers, relay_batch_chunks=FILL_BATCH,
+                          revalidate_s=revalidate_s)
+        choice = predict(PathRequest(n, float(d.chunk_object_bytes), d.num_layers), view, plan)
+        pin = load.startup_s.get("pin", 0.0) + revalidate_s
+        ended, critical = fetch_phase(choice, view)
+        cost, teaches = 0.0, None
+        if critical is not None:
+            helper = critical.startswith("upstream@") and critical != f"upstream@{self.me.node_id}"
+            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
+            teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
+        return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,
+                            critical, cost, teaches, heads, revalidate_s)
+
+    def _revalidation_s(self, heads: int, load: NodeLoad) -> float:
+        """``heads`` revalidating HEADs: at one HEAD's learnt time, else at the store's measured rate, else configured."""
+        if "revalidate" in load.startup_s:
+            return heads * load.startup_s["revalidate"]
+        return self.tiers.revalidation_s(heads, load.rates.get(UPSTREAM_REQUESTS))
 
     def status(self) -> dict[str, object]:
-        return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in self.telemetry.rates.items()},
+        rates = dict(self.telemetry.rates)
+        store = rates.pop(UPSTREAM_REQUESTS, None)
+        return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in rates.items()},
+                "upstream_requests_per_s": None if store is None else round(store, 3),
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
-                "startup_s": {k: round(v, 6) for k, v in self.startup_s.items()}}
+                "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()}}
+
+
+def stale_count(confirmed: Mapping[str, float], cids: list[str], after_s: float, now: float) -> int:
+    """Cached chunks a pin would check with the upstream first (not confirmed within ``after_s`` of ``now``)."""
+    return sum(1 for cid in cids if now - confirmed.get(cid, -math.inf) >= after_s)
+
+
+@dataclass(frozen=True)
+class NodeForecast(Forecast):
+    """A kv-get's prediction and what its learning needs: the pin's measured and predicted time, and the fetched source
+    whose end set the pin's (its fixed cost in the prediction, and the kind it also teaches)."""
+
+    fetch_s: float = 0.0
+    predicted_fetch_s: float = 0.0
+    critical: str | None = None
+    critical_cost_s: float = 0.0
+    teaches: str | None = None
+    heads: int = 0  # revalidating HEADs the pin sent ...
+    heads_s: float = 0.0  # ... and their predicted time
 
 
 def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:

@@ -36,6 +36,7 @@ from .membership import Membership
 from .oracle_view import NodeLoad, TierMap, build_view
 from .paths import Action, Move, actions, runs
 from .peer_client import PeerCall, PeerClient, PeerFault
+from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
 
@@ -88,6 +89,7 @@ class PeerFetcher:
         self.tally = PeerTally()
         self.tiers = TierMap.from_config(cfg, cache.concurrency)
         self.load: Callable[[], NodeLoad] = NodeLoad  # the node's live link picture (the estimator's, once it runs)
+        self.taken: dict[str, list[tuple[str, int]]] = {}  # request id -> (source, chunks) fetched: the oracle's record
 
     async def _ask(self, peers: list[NodeInfo], call: PeerCall) -> dict[str, tuple[NodeInfo, int]]:
         """Each answering peer and how many leading keys of ``call`` it holds warm."""
@@ -118,12 +120,15 @@ class PeerFetcher:
         """A peer's front, this node's upstream share and up to ``cold_split_peers`` helpers' shares."""
         return 2 + self.cfg.cold_split_peers
 
-    def view(self, warm: dict[str, int], num_chunks: int, chunk_bytes: float, gone: Collection[str] = (), direct: bool = False) -> OracleView:
-        """The oracle's view of this node's paths for ``num_chunks`` chunks (``warm``: leading chunks held per node)."""
+    def view(self, warm: dict[str, int], num_chunks: int, chunk_bytes: float, gone: Collection[str] = (), direct: bool = False,
+             revalidate_s: float = 0.0) -> OracleView:
+        """The oracle's view of this node's paths for ``num_chunks`` chunks (``warm``: leading chunks held per node;
+        ``revalidate_s``: a pin yet to come checks its stale cached chunks first)."""
         nodes = {n.node_id: n for n in [self.me, *self.members.live()]}
         helpers = [p for p in warm if p != self.me.node_id] if self.cfg.cold_split_peers > 0 else []
         return build_view(self.me, nodes, warm, num_chunks, self.tiers, self.load(), self.cfg.estimate_stale_after_s,
-                          chunk_bytes=chunk_bytes, helpers=helpers, direct=direct, gone=gone)
+                          chunk_bytes=chunk_bytes, helpers=helpers, direct=direct, gone=gone, relay_batch_chunks=FILL_BATCH,
+                          revalidate_s=revalidate_s)
 
     def choose(self, request: PathRequest, view: OracleView) -> PathChoice:
         """``cluster.path_choice``: the path scheduler, or the fixed peer-first rule it is compared with."""
@@ -164,12 +169,24 @@ class PeerFetcher:
             todo = runs([i for i, h in enumerate(have) if not h])
             moves = self.plan(todo, warm, len(wanted), pin_for, gone) if todo else []
             if all(a.move is Move.OWN for a in moves):
+                self._record(pin_for.request_id, moves, [True] * len(moves))
                 return  # this node's upstream GETs alone: the pin's own path takes what is missing
             results = await asyncio.gather(*(self._act(a, answers, call, bucket, wanted, have, pin_for, cache, filled) for a in moves))
+            self._record(pin_for.request_id, moves, results)
             failed = {a.node for a, ok in zip(moves, results) if not ok}
             if not failed:
                 return
             gone |= failed
+
+    def _record(self, request_id: str, moves: list[Action], ok: list[bool]) -> None:
+        """The shares a kv-get's pin fetched, for the oracle to predict what it did (the newest 256 kv-gets kept)."""
+        if not request_id:
+            return
+        names = {Move.PEER: "peer:{}", Move.FILL: "upstream@{}", Move.OWN: "upstream@{}"}
+        self.taken.setdefault(request_id, []).extend((names[a.move].format(a.node), a.hi - a.lo) for a, good in zip(moves, ok)
+                                                      if good and a.move in names)
+        while len(self.taken) > 256:
+            self.taken.pop(next(iter(self.taken)))
 
     async def _act(self, a: Action, answers: dict[str, tuple[NodeInfo, int]], call: PeerCall, bucket: str, wanted: list[tuple[str, str]],
                    have: list[bool], pin_for: PinFor, cache: S3ChunkSource, filled: Filled) -> bool:

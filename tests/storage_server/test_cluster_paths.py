@@ -59,7 +59,10 @@ def test_cold_chunks_are_shared_with_helpers_upstream_links_so_the_shares_finish
 def test_a_peer_streams_straight_to_the_engine_only_when_it_serves_the_whole_kv_get():
     assert _choose({"b": 40}, direct=True) == [Action(Move.DIRECT, "b", 0, 40)]  # one hop fewer than through this node
     assert all(x.move is not Move.DIRECT for x in _choose({"b": 39}, direct=True))  # holds less: never part of a split
-    assert all(x.move is not Move.DIRECT for x in _choose({"a": 5, "b": 40}, direct=True))  # this node holds the head
+    # This node holds most of it: its cache and a short fetch beat the whole payload over the peer's link.
+    assert all(x.move is not Move.DIRECT for x in _choose({"a": 35, "b": 40}, direct=True))
+    # Holding only the head, it would fetch the rest and then deliver it all (store and forward): the peer streams it.
+    assert _choose({"a": 5, "b": 40}, direct=True) == [Action(Move.DIRECT, "b", 0, 40)]
 
 
 def test_runs_and_stream_ranges():

@@ -179,6 +179,10 @@ def test_every_kv_get_puts_its_predicted_and_measured_times_in_the_metrics(clust
 
     rates = wait_for(settled, what="the measured rates")
     assert rates.get("a->host-a", 0) > 0 and rates.get("b->a", 0) > 0, rates
+    # Each kv-get taught its fixed costs: the fetched share that landed last (its source and any fetch's), the pin with
+    # nothing to fetch, every delivery.
+    learnt = status(nodes["a"])["oracle"]["startup_s"]
+    assert {"fetch", "pin", "deliver"} <= set(learnt) and {"peer:b", "upstream@a"} & set(learnt), learnt
     # ... and replaces the configured bandwidth (200 Gbit/s same host) in kv-estimate's inputs while fresh.
     reply = run(_estimate(nodes["a"], people["alice"], "est-metrics", keys, ["host-a"]))
     engine = next(link for link in reply.candidates[0].links if link.name == "a->host-a")

@@ -9,7 +9,8 @@ from protocol.config import ClusterConfig
 from scheduler import PathRequest, Tier, choose_path
 from scheduler.oracle import GBPS
 from scheduler.paths import predict
-from storage_server.cluster.oracle_view import NodeLoad, Telemetry, TierMap, build_view, corrected_startup, kind_of, taken_plan
+from storage_server.cluster.estimator import stale_count
+from storage_server.cluster.oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, corrected_startup, fixed_cost, kind_of, taken_plan
 
 A = NodeInfo("a", "127.0.0.1:1", zone="z1", rack="r1", host="host-a")
 B = NodeInfo("b", "127.0.0.1:2", zone="z1", rack="r1", host="host-b")
@@ -62,25 +63,114 @@ def test_telemetry_folds_rates_since_the_last_refresh_into_an_ewma():
     assert t.rates["l"] == pytest.approx(200.0)
 
 
-def test_a_finished_pins_paths_become_the_plan_it_took():
-    warm, plan = taken_plan("a", {"local": 3 * 256, "peer:c": 2 * 256, "peer:b": 4 * 256, "upstream": 256}, 256, 10)
-    assert warm == {"a": 3, "b": 4, "c": 2}
-    assert plan == [("local", 0, 3), ("peer:b", 3, 7), ("peer:c", 7, 9), ("upstream@a", 9, 10)]
-    view = build_view(A, NODES, warm, 10, TIERS, NodeLoad())
+def test_a_finished_pins_record_becomes_the_plan_it_took():
+    # The fetcher's record: shares in the order it planned them; the rest of the kv-get was in this node's cache.
+    warm, plan, helpers = taken_plan("a", {}, 10, [("peer:b", 4), ("peer:c", 2), ("upstream@b", 1), ("upstream@a", 1)])
+    assert warm == {"a": 2, "b": 10, "c": 10} and helpers == ["b"]
+    assert plan == [("local", 0, 2), ("peer:b", 2, 6), ("peer:c", 6, 8), ("upstream@b", 8, 9), ("upstream@a", 9, 10)]
+    view = build_view(A, NODES, warm, 10, TIERS, NodeLoad(), helpers=helpers)
     choice = predict(PathRequest(10, 256.0, 8), view, plan)
-    assert [s.source for s in choice.segments] == ["local", "peer:b", "peer:c", "upstream@a"]
+    assert [s.source for s in choice.segments] == ["local", "peer:b", "peer:c", "upstream@b", "upstream@a"]
     assert choice.total_s >= 0.02  # the upstream's first byte
-    assert taken_plan("a", {"local": 2560}, 256, 10) == ({"a": 10}, [("local", 0, 10)])
+    assert taken_plan("a", {"local": 2560}, 10) == ({"a": 10}, [("local", 0, 10)], [])
 
 
-def test_the_learnt_fixed_cost_removes_a_steady_bias_and_starts_every_source_of_its_kind():
+def test_without_a_record_the_pins_bytes_are_shared_out_in_proportion_so_compressed_chunks_count_whole():
+    # 10 chunks compressed to 100 bytes each (a raw one is 256): bytes // raw size would count 3 local, 0 from C.
+    warm, plan, _ = taken_plan("a", {"local": 300, "peer:b": 400, "peer:c": 200, "upstream": 100}, 10)
+    assert warm == {"a": 3, "b": 10, "c": 10}
+    assert plan == [("local", 0, 3), ("peer:b", 3, 7), ("peer:c", 7, 9), ("upstream@a", 9, 10)]
+
+
+def test_fixed_costs_are_learnt_from_the_first_kv_get_on_and_a_steady_bias_goes_to_zero():
     startup, predicted_links, measured = 0.0, 0.001, 0.011  # each kv-get takes 10 ms more than its links explain
-    for _ in range(40):
-        startup = corrected_startup(startup, measured, predicted_links + startup, alpha=0.3)
-    assert startup == pytest.approx(0.010, rel=1e-3)
+    startup = corrected_startup(startup, measured, predicted_links + startup, alpha=0.3, samples=0)
+    assert startup == pytest.approx(0.010)  # the first measurement is taken whole (a mean of one) ...
+    for n in range(1, 40):
+        startup = corrected_startup(startup, measured + (0.004 if n % 2 else -0.004), predicted_links + startup, alpha=0.3, samples=n)
+    assert startup == pytest.approx(0.010, abs=0.003)  # ... then an EWMA through the noise
     assert corrected_startup(0.001, 0.0, 0.5, alpha=1.0) == 0.0  # never negative
-    load = NodeLoad(startup_s={"local": 0.01, "peer": 0.02, "upstream": 0.03})
-    by_name = {s.name: s for s in build_view(A, NODES, {"a": 1, "b": 2}, 4, TIERS, load).sources}
-    assert (by_name["local"].startup_s, by_name["peer:b"].startup_s) == (0.01, 0.02)
-    assert by_name["upstream@a"].startup_s == pytest.approx(0.02 + 0.03)  # first byte + learnt
-    assert [kind_of(p) for p in ({"local": 5}, {"local": 5, "peer:b": 5}, {"peer:b": 5, "upstream": 5})] == ["local", "peer", "upstream"]
+
+
+def test_the_pin_and_its_critical_source_teach_their_own_costs_and_every_kv_get_teaches_delivery():
+    costs = FixedCosts(alpha=0.3)
+    # A local kv-get: its pin took 5 ms (predicted 0), its first layer came 25 ms after arrival (predicted 1 ms).
+    costs.observe(0.005, 0.025, 0.0, 0.001)
+    assert costs.seconds == pytest.approx({"pin": 0.005, "deliver": 0.019})
+    # A kv-get fetched from B: its pin took 80 ms where 30 ms was predicted with the peer kind's 0 s.
+    costs.observe(0.080, 0.100, 0.030, 0.050, critical="peer:b", used_s=0.0, kind="peer")
+    assert costs.seconds["peer:b"] == costs.seconds["peer"] == costs.seconds["fetch"] == pytest.approx(0.050)
+    # The upstream kind has not been measured: its first share starts from what any fetch paid.
+    first_up = {s.name: s for s in build_view(A, NODES, {}, 4, TIERS, NodeLoad(startup_s=dict(costs.seconds))).sources}["upstream@a"]
+    assert first_up.startup_s == pytest.approx(0.005 + 0.02 + 0.05)
+    assert costs.seconds["deliver"] == pytest.approx(0.019)  # its delivery took the 20 ms predicted
+    # C has no cost of its own yet: it starts from the kind's; a helper starts from the upstream's and a peer's.
+    load = NodeLoad(startup_s={**costs.seconds, "upstream": 0.1})
+    by_name = {s.name: s for s in build_view(A, NODES, {"a": 1, "b": 2, "c": 2}, 4, TIERS, load, helpers=["c"]).sources}
+    assert by_name["local"].startup_s == pytest.approx(0.005 + 0.019)
+    assert by_name["peer:b"].startup_s == pytest.approx(0.005 + 0.05) and by_name["peer:c"].startup_s == pytest.approx(0.005 + 0.05)
+    assert by_name["peer:b"].deliver_s == pytest.approx(0.019)
+    assert by_name["upstream@a"].startup_s == pytest.approx(0.005 + 0.02 + 0.1)  # first byte + learnt
+    assert by_name["upstream@c"].startup_s == pytest.approx(0.005 + 0.02 + 0.1 + 0.05)
+    assert [kind_of(s) for s in ("peer:b", "upstream@c", "local")] == ["peer", "upstream", "local"]
+    assert fixed_cost({"peer": 0.1}, "peer:b") == 0.1 and fixed_cost({"peer": 0.1, "peer:b": 0.2}, "peer:b") == 0.2
+
+
+def test_a_helpers_share_is_stored_then_forwarded_and_delivery_waits_for_every_fetch():
+    """The upstream at 1 MB/s per node, peer links at 1 MB/s, the engine link much faster: a helper's share of 1 MB
+    lands after its GETs (1 s) and then its stream here (1 s), never both at once."""
+    cfg = ClusterConfig(same_rack_gbps=8e-3, cross_zone_gbps=8e-3, upstream_gbps=8e-3, upstream_first_byte_ms=0.0)
+    tiers = TierMap.from_config(cfg)
+    view = build_view(A, NODES, {"a": 0}, 2, tiers, NodeLoad(), helpers=["b"], chunk_bytes=1e6)
+    choice = predict(PathRequest(2, 1e6, 10), view, [("upstream@a", 0, 1), ("upstream@b", 1, 2)])
+    ends = {s.source: s.fetched_s for s in choice.segments}
+    assert ends["upstream@a"] == pytest.approx(1.0, rel=1e-3) and ends["upstream@b"] == pytest.approx(2.0, rel=1e-3)
+    # The first layer (one tenth of 2 MB over the 200 Gbit/s engine link) follows the last share at once.
+    assert choice.first_layer_s == pytest.approx(2.0, rel=1e-3) and choice.total_s == pytest.approx(2.0, rel=1e-3)
+    batched = build_view(A, NODES, {"a": 0}, 4, tiers, NodeLoad(), helpers=["b"], chunk_bytes=1e6, relay_batch_chunks=2)
+    c4 = predict(PathRequest(4, 1e6, 10), batched, [("upstream@b", 0, 4)])  # 4 s of GETs; the last batch's 2 s stream after
+    assert c4.segments[0].fetched_s == pytest.approx(6.0, rel=1e-3)
+
+
+def test_a_pins_revalidating_heads_come_before_everything_it_moves():
+    tiers = TierMap.from_config(ClusterConfig(upstream_first_byte_ms=50.0, upstream_store_streams=2), upstream_streams=4)
+    assert tiers.revalidation_s(0) == 0.0
+    assert tiers.revalidation_s(5) == pytest.approx(3 * 0.05)  # two at once: the store serves no more
+    plain = build_view(A, NODES, {"a": 4, "b": 10}, 10, TIERS, NodeLoad())
+    stale = build_view(A, NODES, {"a": 4, "b": 10}, 10, TIERS, NodeLoad(), revalidate_s=0.3)
+    for before, after in zip(plain.sources, stale.sources):
+        assert after.startup_s == pytest.approx(before.startup_s + 0.3)
+    assert stale_count({"x": 100.0, "y": 30.0}, ["x", "y", "never"], after_s=60.0, now=120.0) == 2
+
+
+def test_the_stores_measured_request_rate_replaces_the_configured_first_byte_on_every_upstream_link():
+    tiers = TierMap.from_config(ClusterConfig(upstream_first_byte_ms=100.0, upstream_gbps=80.0, upstream_store_streams=1), upstream_streams=4)
+    configured = build_view(A, NODES, {}, 8, tiers, NodeLoad(), chunk_bytes=1e5, helpers=["b"])
+    measured = build_view(A, NODES, {}, 8, tiers, NodeLoad(rates={UPSTREAM_REQUESTS: 50.0}), chunk_bytes=1e5, helpers=["b"])
+    for name in ("upstream->a", "upstream->b", "upstream"):
+        assert configured.links[name].measured_bytes_per_s is None
+        assert measured.links[name].effective_bytes_per_s() == pytest.approx(1 / (1 / 5e6 + 1 / 1e10))  # 50 GETs of 100 kB a second
+    assert tiers.revalidation_s(10, requests_per_s=50.0) == pytest.approx(0.2)
+
+
+def test_the_stores_request_rate_is_tallied_only_at_a_pins_concurrency():
+    from storage_server.store.s3.upstream import RequestTally
+
+    t = RequestTally(full=2)
+    t.begin()
+    t.end()  # a lone request (a heartbeat's read) says nothing of the rate at a pin's concurrency
+    assert (t.done, t.busy_s) == (0, 0.0)
+    for _ in range(3):
+        t.begin()
+    t.end()
+    t.end()  # two answered while two or more were in flight; the last alone
+    t.end()
+    assert t.done == 2 and t.busy_s > 0 and t.inflight == 0
+
+
+def test_a_pins_revalidating_heads_teach_one_heads_time_not_the_pins():
+    costs = FixedCosts(alpha=0.3)
+    costs.observe(0.005, 0.025, 0.0, 0.001)  # a pin with nothing to check: 5 ms
+    # 10 HEADs predicted at 20 ms each (0.2 s) took 0.405 s with the pin's 5 ms: one HEAD ~40 ms; the pin stays.
+    costs.observe(0.405, 0.425, 0.205, 0.206, heads=10, heads_s=0.2)
+    assert costs.seconds["pin"] == pytest.approx(0.005) and costs.seconds["revalidate"] == pytest.approx(0.04)

@@ -12,7 +12,9 @@ not the tenant's, so they are 500s with a message that says so rather than Acces
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -57,11 +59,41 @@ def unavailable(e: BaseException, resource: str = "") -> S3Error:
     return S3Error(ErrorCode.ServiceUnavailable, f"The upstream store cannot be reached ({type(e).__name__}); retry.", resource)
 
 
+@dataclass
+class RequestTally:
+    """Object GETs and HEADs answered (to their first byte) while at least ``full`` were in flight, and the seconds they
+    were: the store's achieved request rate at a pin's concurrency, which the delivery-time oracle measures instead
+    of trusting the configured first-byte time (a lone request, e.g. a heartbeat's, says nothing of that rate)."""
+
+    full: int = 1
+    done: int = 0
+    busy_s: float = 0.0
+    inflight: int = 0
+    since: float = 0.0
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        if self.inflight >= self.full:
+            self.busy_s += now - self.since
+        self.since = now
+
+    def begin(self) -> None:
+        self._tick()
+        self.inflight += 1
+
+    def end(self) -> None:
+        self._tick()
+        if self.inflight >= self.full:
+            self.done += 1
+        self.inflight -= 1
+
+
 class Upstream:
     """A lazily opened aiobotocore client (it must be created on the loop that uses it)."""
 
     def __init__(self, cfg: S3StoreConfig) -> None:
         self.cfg = cfg
+        self.requests = RequestTally()
         self._ctx: Any = None
         self._client: Any = None
         self._lock = asyncio.Lock()
@@ -95,6 +127,9 @@ class Upstream:
     async def call(self, op: str, *, missing: ErrorCode = ErrorCode.NoSuchKey, resource: str = "", **kwargs: Any) -> dict[str, Any]:
         """One upstream operation (``op`` is the botocore method name) with errors translated."""
         client = await self.client()
+        timed = op in ("get_object", "head_object")
+        if timed:
+            self.requests.begin()
         try:
             return await getattr(client, op)(**kwargs)
         except ClientError as e:
@@ -103,6 +138,9 @@ class Upstream:
             raise S3Error(ErrorCode.InvalidArgument, str(e).splitlines()[-1], resource) from None
         except _TRANSPORT_ERRORS as e:
             raise unavailable(e, resource) from None
+        finally:
+            if timed:
+                self.requests.end()
 
     async def exists(self, bucket: str, key: str) -> bool:
         """Whether ``key`` is stored (a HEAD; a missing bucket reads as absent)."""
