@@ -82,7 +82,8 @@ class DirectFrameStream:
                 return await asyncio.get_running_loop().sock_recv_into(self._sock, view)
         except TimeoutError:
             self.broken = True
-            raise S3Error(ErrorCode.RequestTimeout, f"the KV stream sent nothing within {self._timeout:g} s") from None
+            bound = "the peer's stall bound" if self.grant is not None and self.grant.peer and self._timeout == self.grant.stall_s else "read_timeout"
+            raise S3Error(ErrorCode.RequestTimeout, f"the KV stream sent nothing within {self._timeout:g} s ({bound})") from None
         except OSError:
             return 0
 
