@@ -66,6 +66,12 @@ def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits
                 reply = await c.lookup_within(keys, LoadBudget(4.0, layout.num_layers, layout.per_layer_chunk_bytes))
                 skipped = await c.lookup_within(keys, LoadBudget(4.0, layout.num_layers, layout.per_layer_chunk_bytes, skip=2))
                 part = await _collect(c, keys[:reply.deliverable], layout, reference(layout, chunks[:reply.deliverable]), transport, 4.0)
+                try:  # a budget that is no budget is refused by the gateway, naming the header
+                    await c.lookup_within(keys, LoadBudget(0.0, layout.num_layers, layout.per_layer_chunk_bytes))
+                except S3Error as e:
+                    assert e.code == ErrorCode.InvalidArgument and "x-oc-load-budget" in e.message, e
+                else:
+                    raise AssertionError("a zero load budget was accepted")
                 return cut, status, whole, reply, skipped, part
 
         (seen, error), status, whole, reply, skipped, part = run(scenario())
