@@ -11,6 +11,8 @@ loop computes layer ℓ as soon as it is usable (the A100 model of
 * **ObjectCache-LW** — one descriptor; the storage server writes each layer into a registered
   ``shm`` region and the loop computes on it when its frame arrives.
 
+The deadline column (:mod:`.ttft_deadline`): ObjectCache-LW on a slow node under a load budget.
+
 Local loaders run in a thread (numpy copies release the GIL), so loading and
 compute overlap as they would with a copy engine. Each path's TTFT is the median of
 ``--repeats`` runs (with the spread); for ObjectCache-LW the median run's per-layer
@@ -37,6 +39,8 @@ from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 from .compute_model import NUM_LAYERS, ModelledGPU, per_layer_seconds
 from .harness import add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, print_targets, progress, s3_client, start_server
 from .transfer import s3_cw
+from .ttft_deadline import DeadlineCase, measure_deadline
+from .ttft_deadline import report as deadline_report
 
 PATHS = ("opt-local-LW", "Local-CW", "Local-LW", "S3-CW", "ObjectCache-LW")
 CONTEXTS = (4096, 16384, 65536)
@@ -231,13 +235,14 @@ async def run_all(args: argparse.Namespace) -> list[dict]:
                         compute = torch_compute(ctx, cached, scale) if args.compute == "torch" else model_compute(gpu, window)
                         case = Case(layout, keys[:n], chunks[:n], compute, window, c, s3)
                         runs, timeline = await measure(case, repeats)
+                        deadline = await measure_deadline(DeadlineCase(layout, keys[:n], ctx, scale), list(chunks[:n]), gpu)
                         ttft = {p: statistics.median(r) for p, r in runs.items()}
                         base = ttft["opt-local-LW"]
                         rows.append({
                             "chunk_tokens": g, "context": ctx, "hit": hit, "chunks": n, "payload_bytes": layout.payload_bytes(n),
                             "compute_per_layer_s": window,
                             "paths": {p: {"ttft_s": t, "runs_s": runs[p], "overhead_vs_opt_local_lw": t / base - 1} for p, t in ttft.items()},
-                            "timeline": timeline,
+                            "timeline": timeline, "deadline": deadline,
                         })
                         del case
     finally:
@@ -295,7 +300,7 @@ def run(args: argparse.Namespace) -> dict:
     print_table(["layer", "read start", "read end", "ready", "client arrival", "loop wait"],
                 [[i, *(f"{x[k] * 1000:.1f}" for k in ("read_start_s", "read_end_s", "ready_s", "arrival_s", "consumer_wait_s"))]
                  for i, x in enumerate(flagship["timeline"]["layers"])])
-    met = targets(rows)
+    met = {**targets(rows), **deadline_report(rows)}
     print_targets(met)
     result = {"benchmark": "ttft", "quick": args.quick, "scale": scale, "compute": args.compute, "rows": rows, "targets": met}
     return finish(args, result, plot)

@@ -38,7 +38,7 @@ from protocol.checksums import b64
 from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
-from protocol.kv_http import HEADER_RDMA_TAG, HEADER_SOFT_PIN_TTL, KVOp, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
+from protocol.kv_http import HEADER_LOAD_BUDGET, HEADER_RDMA_TAG, HEADER_SOFT_PIN_TTL, KVOp, LoadBudget, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
 from protocol.session import SessionTicket
@@ -381,9 +381,18 @@ class ObjectCacheClient:
         """How many leading keys are stored: the longest cached prefix, in chunks."""
         if not keys:
             return 0
+        return (await self.lookup_within(keys)).hits
+
+    async def lookup_within(self, keys: Sequence[str], budget: LoadBudget | None = None) -> LookupReply:
+        """The longest cached prefix and, with a ``budget``, how many of its leading chunks the node expects to
+        land within it (``deliverable``: its pacing and queue give the rate); load those, compute the rest."""
+        if not keys:
+            return LookupReply(0, 0, 0 if budget is not None else None)
         body = encode_keys(list(keys))
-        resp = await self._retrying(f"kv-lookup of {len(keys)} key(s)", lambda: self._post(f"/{self.bucket}", KVOp.LOOKUP, body))
-        return LookupReply.from_json(await resp.json()).hits
+        headers = {HEADER_LOAD_BUDGET: budget.to_header()} if budget is not None else None
+        resp = await self._retrying(f"kv-lookup of {len(keys)} key(s)",
+                                    lambda: self._post(f"/{self.bucket}", KVOp.LOOKUP, body, extra_headers=headers))
+        return LookupReply.from_json(await resp.json())
 
     async def estimate(self, keys: Sequence[str], candidates: Sequence[str], layout: KVLayout) -> EstimateReply:
         """The delivery-time oracle (``kv-estimate``, cluster nodes): per candidate host, where the prefix's leading

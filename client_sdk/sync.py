@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from protocol.kv_http import LoadBudget, LookupReply
+
 from .client import ObjectCacheClient
 from .layout import KVLayout
 from .stream import FetchStats, LayerStream
@@ -64,6 +66,10 @@ class SyncObjectCacheClient:
 
     def lookup(self, keys: Sequence[str]) -> int:
         return self._call(self.client.lookup(keys))
+
+    def lookup_within(self, keys: Sequence[str], budget: LoadBudget | None = None) -> LookupReply:
+        """:meth:`ObjectCacheClient.lookup_within`: ``LookupReply`` with ``deliverable`` under a ``LoadBudget``."""
+        return self._call(self.client.lookup_within(keys, budget))
 
     def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
         return self._call(self.client.fetch(keys, layout, transport, **kw))

@@ -38,6 +38,7 @@ HEADER_MODE = "x-oc-mode"  # "chunkwise" or "layerwise": what the server chose
 HEADER_PAYLOAD_BYTES = "x-oc-payload-bytes"  # N·L·S
 HEADER_GATEWAY_S = "x-oc-gateway-s"  # seconds the gateway spent before the first byte
 HEADER_RDMA_TAG = "x-oc-rdma-tag"  # rdma (pyverbs engine): the tag of this transfer's layer immediates
+HEADER_LOAD_BUDGET = "x-oc-load-budget"  # kv-lookup: a LoadBudget; the reply then says how many hits land within it
 
 FRAMES_CONTENT_TYPE = "application/x-objectcache-frames"
 CHUNK_CONTENT_TYPE = "application/x-objectcache-kv-chunk"  # stored chunk objects' Content-Type
@@ -222,6 +223,39 @@ class UnregisterRequest(JsonRecord):
 class LookupReply(JsonRecord):
     hits: int  # how many leading keys are stored
     keys: int  # how many keys were asked about
+    deliverable: int | None = None  # with a LoadBudget: how many leading keys the node expects to land within it
+
+
+@dataclass(frozen=True)
+class LoadBudget:
+    """A kv-lookup's question "how much of this prefix can you land within ``budget_s``?" (``x-oc-load-budget``).
+
+    The node answers with the longest prefix it expects to deliver in time (its pacing and queue
+    know the rate); the engine then asks only for those and recomputes the rest. ``skip``: leading
+    chunks the engine already holds (they are not loaded, so they cost no time).
+    """
+
+    budget_s: float
+    num_layers: int
+    per_layer_chunk_bytes: int
+    skip: int = 0
+
+    def to_header(self) -> str:
+        return f"{self.budget_s!r};{self.num_layers};{self.per_layer_chunk_bytes};{self.skip}"
+
+    @classmethod
+    def from_header(cls, value: str) -> "LoadBudget":
+        """Strict: four fields, a finite budget > 0, layers and bytes ≥ 1, skip ≥ 0 (else InvalidArgument naming the header)."""
+        try:
+            budget, layers, size, skip = value.split(";")
+            b = cls(float(budget), int(layers), int(size), int(skip))
+        except ValueError:
+            b = None
+        if b is None or not (0 < b.budget_s < float("inf")) or b.num_layers < 1 or b.per_layer_chunk_bytes < 1 or b.skip < 0:
+            raise S3Error(ErrorCode.InvalidArgument, f"{HEADER_LOAD_BUDGET} must be 'seconds;layers;bytes;skip' "
+                          f"(seconds > 0, layers and bytes >= 1, skip >= 0), not {value[:80]!r}",
+                          extra={"ArgumentName": HEADER_LOAD_BUDGET})
+        return b
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,31 @@ class EpochScheduler:
                 admitted.append(a)
         return admitted
 
+    def predict_rate(self, demand: TransferDemand, tenant: str = "") -> float:
+        """The rate a request submitted now would get at the next boundary (nothing changes; 0: it would wait longer).
+
+        What :meth:`run_epoch` would do with ``demand`` beside the requests already waiting: the
+        loads finished in this epoch give their bandwidth back, the policy shares what is free,
+        and the tenant's cap scales the share down.
+        """
+        if demand.bytes_per_layer == 0:
+            return math.inf
+        released = sum(self.running[r].rate for r in self.finished if r in self.running)
+        free = self.capacity - self.allocated + released
+        if free <= 0:
+            return 0.0
+        mine = replace(demand, weight=demand.weight * self.tenant_weights.get(tenant, 1.0))
+        rates = allocate(self.policy, [d for d, _ in self.waiting.values()] + [mine], free, self.margin)
+        rate = rates[-1]
+        cap = self.tenant_caps.get(tenant)
+        if cap is not None:
+            held = sum(a.rate for rid, a in self.running.items() if a.tenant == tenant and rid not in self.finished)
+            asked = rate + sum(r for (_, t), r in zip(self.waiting.values(), rates) if t == tenant)
+            room = max(0.0, cap - held)
+            if asked > room:
+                rate *= room / asked if asked else 0.0
+        return rate if rate > self.min_rate else 0.0
+
     def _apply_tenant_caps(self, ids: list[str], rates: list[float]) -> list[float]:
         """Scale a tenant's new rates down so its total stays within its cap (the excess stays free)."""
         out = list(rates)

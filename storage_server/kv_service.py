@@ -24,7 +24,7 @@ from protocol.compressed_chunk import MAGIC as COMPRESSED_MAGIC
 from protocol.compressed_chunk import ChunkShape
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
+from protocol.kv_http import LoadBudget, LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.verbs import VerbsDevice
@@ -34,7 +34,7 @@ from scheduler.policies import TransferDemand
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .compressed_reads import check_puts, encode_puts, read_headers
 from .decode_choice import choose_site, wire_layer_bytes
-from .deadline import LoadDeadline
+from .deadline import LoadDeadline, lookup_deliverable
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
 from .memory_budget import MemoryBudget
@@ -182,7 +182,11 @@ class KVService:
         bucket = call.field("bucket")
         keys = decode_keys(call.body)
         found = await self.chunks.longest_prefix(bucket, keys)
-        self.chunks.looked_up(str(call.request.fields.get("tenant", "")), found, len(keys))
+        tenant = str(call.request.fields.get("tenant", ""))
+        self.chunks.looked_up(tenant, found, len(keys))
+        if budget := call.request.fields.get("load_budget"):  # the longest prefix this node expects to land in time
+            pool = self.pool.scheduler if self.pool is not None else None
+            return LookupReply(found, len(keys), lookup_deliverable(LoadBudget.from_header(str(budget)), found, tenant, self.config, pool)).to_json()
         return LookupReply(found, len(keys)).to_json()
 
     async def register(self, call: RpcCall) -> Reply:

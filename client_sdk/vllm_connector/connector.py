@@ -67,6 +67,15 @@ def _paged_format(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | N
     return PagedFormat(backends.pop(), getattr(layout, "name", str(layout)))
 
 
+def _chunk_shape(kv_cache_config: "KVCacheConfig | None") -> tuple[int, int] | None:
+    """(layers, bytes of one block of one layer) of the one KV cache group: what a load moves per chunk, for budgets."""
+    if kv_cache_config is None or len(kv_cache_config.kv_cache_groups) != 1:
+        return None
+    group = kv_cache_config.kv_cache_groups[0]
+    spec = group.kv_cache_spec
+    return len(group.layer_names), int(getattr(spec, "real_page_size_bytes", spec.page_size_bytes))
+
+
 class ObjectCacheConnector(KVConnectorBase_V1):
     """Prefix KV cache in ObjectCache, loaded layer by layer inside vLLM's forward pass."""
 
@@ -93,7 +102,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
                 self.client.ensure_bucket()
             except Exception as e:  # noqa: BLE001 — an unreachable cache at start-up is a miss, not a crash
                 log.warning("ObjectCache bucket %r could not be checked or created at %s: %s", c.bucket, c.endpoint, e)
-            self._scheduler = SchedulerSide(self.namespace, self.block_size, self.client.lookup, self._block_ids)
+            self._scheduler = SchedulerSide(self.namespace, self.block_size, self.client.lookup, self._block_ids,
+                                            lookup_within=self.client.lookup_within, chunk_shape=_chunk_shape(kv_cache_config),
+                                            load_budget_s=c.load_budget_s)
         else:
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from protocol.kv_http import LoadBudget, LookupReply
+
 from .config import request_budget
 from .plan import ChunkTransfer, RequestState, chunks_to_save, external_tokens, load_transfer
 
@@ -26,11 +28,18 @@ class SchedulerSide:
     """
 
     def __init__(self, namespace: str, block_size: int, lookup: Callable[[list[str]], int],
-                 block_ids: Callable[[str], list[int]] | None = None) -> None:
+                 block_ids: Callable[[str], list[int]] | None = None, *,
+                 lookup_within: Callable[[list[str], LoadBudget], LookupReply] | None = None,
+                 chunk_shape: tuple[int, int] | None = None, load_budget_s: float = 0.0) -> None:
+        """``lookup_within``, ``chunk_shape`` (layers, bytes of one chunk's layer) and the deployment's
+        ``load_budget_s``: a request under a budget is offered only the prefix the node expects to land in time."""
         self.namespace = namespace
         self.block_size = block_size
         self.lookup = lookup
         self.block_ids = block_ids
+        self.lookup_within = lookup_within
+        self.chunk_shape = chunk_shape
+        self.load_budget_s = load_budget_s
         self.requests: dict[str, RequestState] = {}
         self._local_tokens: dict[str, int] = {}   # num_computed_tokens vLLM passed with the last hit
         self._live: dict[str, Any] = {}           # vLLM's request objects: their token lists grow as they decode
@@ -53,14 +62,37 @@ class SchedulerSide:
         st = self.state(request)
         if st.loadable * self.block_size <= num_computed_tokens:
             return 0, False
+        budget = self._budget(request, num_computed_tokens)
         try:
-            hits = self.lookup(st.keys[: st.loadable])
+            if budget is None:
+                hits = usable = self.lookup(st.keys[: st.loadable])
+            else:
+                # Under a load budget only the prefix the node expects to land in time is a hit; vLLM computes the
+                # rest (a partial hit, not all or nothing). The worker still cuts a load that falls behind anyway.
+                reply = self.lookup_within(st.keys[: st.loadable], budget)  # type: ignore[misc]
+                hits, usable = reply.hits, reply.hits if reply.deliverable is None else reply.deliverable
         except Exception as e:  # noqa: BLE001 — any failure of the cache is a miss
             log.warning("ObjectCache lookup for request %s failed, computing instead: %s", request.request_id, e)
             return 0, False
+        if usable < hits:
+            log.info("request %s: %d of %d stored chunks land within its load budget; computing the rest", request.request_id, usable, hits)
         st.stored = max(st.stored, hits)
         self._local_tokens[request.request_id] = num_computed_tokens
-        return external_tokens(hits, num_computed_tokens, self.block_size), False
+        return external_tokens(usable, num_computed_tokens, self.block_size), False
+
+    def _budget(self, request: Any, num_computed_tokens: int) -> LoadBudget | None:
+        """The question for the node when the request loads under a budget (its own or the deployment's, the tightest)."""
+        if self.lookup_within is None or self.chunk_shape is None:
+            return None
+        try:
+            own = request_budget(getattr(request, "kv_transfer_params", None))
+        except ValueError:
+            own = None  # reported when its load is planned
+        seconds = min([b for b in (own, self.load_budget_s) if b], default=None)
+        if seconds is None:
+            return None
+        layers, chunk_layer_bytes = self.chunk_shape
+        return LoadBudget(seconds, layers, chunk_layer_bytes, num_computed_tokens // self.block_size)
 
     def update_state_after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
         local = self._local_tokens.pop(request.request_id, 0)

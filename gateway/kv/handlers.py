@@ -32,11 +32,13 @@ from protocol.estimate import MAX_ESTIMATE_BODY, EstimateReply, EstimateRequest
 from protocol.kv_http import (
     FRAMES_CONTENT_TYPE,
     HEADER_GATEWAY_S,
+    HEADER_LOAD_BUDGET,
     HEADER_MODE,
     HEADER_PAYLOAD_BYTES,
     HEADER_RDMA_TAG,
     HEADER_SOFT_PIN_TTL,
     MAX_JSON_BODY,
+    LoadBudget,
     LookupReply,
     PutReply,
     RdmaRegisterRequest,
@@ -69,7 +71,9 @@ def rpc(req: S3Request) -> StorageServerClient:
 async def kv_lookup(req: S3Request) -> web.Response:
     await req.owned_bucket()
     body = await req.body_bytes(MAX_DESCRIPTOR_BYTES)
-    reply = await rpc(req).call(Op.KV_LOOKUP, body, tenant=req.tenant, bucket=req.bucket)
+    budget = req.http.headers.get(HEADER_LOAD_BUDGET)  # "how much lands within it?": checked here, answered by the storage server
+    fields = {} if budget is None else {"load_budget": LoadBudget.from_header(budget).to_header()}
+    reply = await rpc(req).call(Op.KV_LOOKUP, body, tenant=req.tenant, bucket=req.bucket, **fields)
     return json_response(LookupReply.from_json(reply).to_json())
 
 

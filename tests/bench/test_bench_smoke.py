@@ -74,6 +74,10 @@ def test_bench_ttft(tmp_path):
         t = r["timeline"]
         assert len(t["layers"]) == 32 and t["setup_s"] > 0 and 0 < t["first_layer_s"] <= r["paths"]["ObjectCache-LW"]["ttft_s"]
         assert all(0 <= x["read_start_s"] <= x["read_end_s"] <= x["ready_s"] and x["consumer_wait_s"] >= 0 for x in t["layers"])
+        d = r["deadline"]  # the deadline column: the slow node's answer, within the hit
+        assert 0 <= d["loaded_chunks"] <= d["hit_chunks"] == r["chunks"] and positive(d["slow_gbps"]) and positive(d["ttft_s"])
+        assert d["budget_s"] >= 0.05 and positive(d["no_cache_s"])
+    assert "deadline: TTFT ≤ budget + recompute on a slow node" in result["targets"]
 
 
 def test_bench_sched(tmp_path):

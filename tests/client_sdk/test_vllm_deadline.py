@@ -3,9 +3,13 @@
 The storage server paces every kv-get (layerwise, ``theta_bytes = 0``) to one layer of the
 16-chunk load per two seconds, with no burst credit (``burst_layers = 0``): the tiny model's first
 layer goes at once, its second two seconds later. (With one layer of burst credit, the GCRA bucket
-lets a two-layer load through unpaced: the budget was then never exercised.) A request whose ``kv_transfer_params`` carry a 100 ms load budget
-does not wait for it: the load is abandoned at the deadline, vLLM recomputes its blocks, and the
-tokens are exactly the no-cache ones; the same request without a budget waits and loads.
+lets a two-layer load through unpaced: the budget was then never exercised.) Under a load budget
+the connector asks the node, in its kv-lookup, how much of the prefix lands in time, and vLLM gets
+that as its hit: with 100 ms nothing does (the request computes everything, without waiting); with
+3 s half of the prefix does (a partial hit: ``num_cached_tokens`` is half the full hit, the other
+blocks are computed); in both the tokens are exactly the no-cache ones. Without a budget the same
+request waits and loads it all. (A load that falls behind anyway is cut at its deadline and
+recomputed: ``test_vllm_worker.py``, ``tests/storage_server/test_kv_load_budget.py``.)
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def _generate(engine: Engine, params: dict | None = None) -> dict:
     return engine.call(op="generate", prompts=[PROMPT], max_tokens=MAX_TOKENS, transfer_params=[params])[0]  # type: ignore[index]
 
 
-def test_a_request_with_a_100ms_budget_recomputes_instead_of_waiting_and_one_without_waits(engine, paced, model_dir):
+def test_a_budget_gets_the_prefix_that_lands_in_time_as_a_partial_hit_and_no_budget_waits(engine, paced, model_dir):
     server, tenant = paced
     computed = _generate(engine)
     assert computed["cached"] == 0
@@ -77,11 +81,19 @@ def test_a_request_with_a_100ms_budget_recomputes_instead_of_waiting_and_one_wit
     before = engine.call(op="stats")
     budgeted = _generate(engine, {REQUEST_BUDGET: 0.1})
     after = engine.call(op="stats")
-    assert budgeted["tokens"] == computed["tokens"]
-    assert after["failed_loads"] == before["failed_loads"] + 1, "the paced load was not cut at its budget"
-    assert after["loaded_chunks"] == before["loaded_chunks"]
+    # The node says no chunk lands within 100 ms (its second layer waits 2 s): nothing is loaded, all is computed.
+    assert budgeted == {"tokens": computed["tokens"], "cached": 0}, budgeted
+    assert after["loaded_chunks"] == before["loaded_chunks"] and after["failed_loads"] == before["failed_loads"], after
+
+    # 3 s: the node expects (0.75·3 − 0.01 epoch) s × 8 chunks' layer per s / 2 layers = 8.96 → 8 of the 16 chunks
+    # in time (their second layer goes after 1 s); vLLM takes them as a partial hit and computes the other 8 blocks.
+    partial = _generate(engine, {REQUEST_BUDGET: 3.0})
+    assert partial == {"tokens": computed["tokens"], "cached": 8 * BLOCK}, partial
+    later = engine.call(op="stats")
+    assert later["loaded_chunks"] == after["loaded_chunks"] + 8 and later["failed_loads"] == after["failed_loads"], \
+        f"the deliverable prefix did not land within its budget: {later}"
 
     waited = _generate(engine)
     assert waited == {"tokens": computed["tokens"], "cached": 16 * BLOCK}
     final = engine.call(op="stats")
-    assert final["loaded_chunks"] == after["loaded_chunks"] + 16 and final["failed_loads"] == after["failed_loads"]
+    assert final["loaded_chunks"] == later["loaded_chunks"] + 16 and final["failed_loads"] == later["failed_loads"]

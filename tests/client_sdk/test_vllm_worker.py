@@ -134,15 +134,17 @@ def test_a_missing_chunk_fails_the_load_and_reports_its_blocks(parts):
     assert not any(c.any() for c in caches.values())
 
 
-def test_a_layer_late_past_the_timeout_fails_the_load_and_never_lands_afterwards(parts, gated_node):
+@pytest.mark.parametrize("bound", ["load_timeout_s", "load budget"])
+def test_a_layer_late_past_the_timeout_fails_the_load_and_never_lands_afterwards(parts, gated_node, bound):
+    """Stalled mid-transfer: the per-layer timeout, or the request's load budget (the deadline of the whole load)."""
     worker, _ = parts
-    keys = chunk_keys(np.arange(2 * T) + 2, T, "worker-late")
+    keys = chunk_keys(np.arange(2 * T) + 2, T, f"worker-late-{bound}")
     _save(worker, keys, [0, 1])
     from client_sdk.vllm_connector.plan import ChunkTransfer
 
-    w, caches = worker(timeout=0.5)
+    w, caches = worker(timeout=0.5) if bound == "load_timeout_s" else worker()
     gated_node.gate.hold_before(1)
-    w.start_load([ChunkTransfer("r", tuple(keys), (2, 3))])
+    w.start_load([ChunkTransfer("r", tuple(keys), (2, 3), budget_s=None if bound == "load_timeout_s" else 0.5)])
     w.wait_for_layer(NAMES[0])
     assert caches[NAMES[0]][[2, 3]].any()
     w.wait_for_layer(NAMES[1])  # held by the server: gives up after 0.5 s

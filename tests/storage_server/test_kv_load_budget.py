@@ -5,6 +5,8 @@ layer 1 cannot start within a 0.3 s budget, delivers layer 0 and ends the transf
 ``KVLoadBudgetExceeded`` (the lease freed); without a budget the same load waits and completes.
 Stalled: no pool, a gate holds the transfer before layer 1 until the budget is spent; layer 1
 then goes (it was started in time) and the transfer is cut at the next boundary.
+Longest prefix: asked with a ``LoadBudget``, the paced node's kv-lookup answers how many leading
+chunks it expects to land within the budget, and a kv-get of just those completes within it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_l
 from support import ServerProcess, boto_client, make_tenants, write_config
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.kv_http import LoadBudget
 
 N = 8
 BUDGET = 0.3
@@ -58,9 +61,23 @@ def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits
                 cut = await _collect(c, keys, layout, expected, transport, BUDGET)
                 status = rpc(str(sock), "status")
                 whole = await _collect(c, keys, layout, expected, transport, 0.0)
-                return cut, status, whole
+                # The longest prefix the node expects to land within 4 s: at 4 chunks' layer per second, two
+                # layers, no burst, a 10 ms epoch and 75% of the budget, (0.75·4 − 0.01)·4 / 2 = 5.98 → 5 chunks.
+                reply = await c.lookup_within(keys, LoadBudget(4.0, layout.num_layers, layout.per_layer_chunk_bytes))
+                skipped = await c.lookup_within(keys, LoadBudget(4.0, layout.num_layers, layout.per_layer_chunk_bytes, skip=2))
+                part = await _collect(c, keys[:reply.deliverable], layout, reference(layout, chunks[:reply.deliverable]), transport, 4.0)
+                try:  # a budget that is no budget is refused by the gateway, naming the header
+                    await c.lookup_within(keys, LoadBudget(0.0, layout.num_layers, layout.per_layer_chunk_bytes))
+                except S3Error as e:
+                    assert e.code == ErrorCode.InvalidArgument and "x-oc-load-budget" in e.message, e
+                else:
+                    raise AssertionError("a zero load budget was accepted")
+                return cut, status, whole, reply, skipped, part
 
-        (seen, error), status, whole = run(scenario())
+        (seen, error), status, whole, reply, skipped, part = run(scenario())
+        assert (reply.hits, reply.deliverable) == (N, 5), reply
+        assert skipped.deliverable == 7, "chunks the engine already holds cost no time"
+        assert part == ([0, 1], None), "the deliverable prefix loads whole within the budget"
         assert seen == [0], "layer 0 starts in time and is delivered; layer 1 is not sent"
         assert error is not None and error.code == ErrorCode.KVLoadBudgetExceeded, error
         assert "layer boundary 1" in error.message and "load_budget_s" in error.message
