@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from kvsupport import client, keys_for, make_chunks, reference, run
+from pagecache import evict_tree
 from support import boto_client, split_serving
 
 from client_sdk import KVLayout
@@ -16,17 +17,6 @@ from storage_server.direct_reads import ALIGN, DirectFiles, aligned, group_layer
 
 LAYOUT = KVLayout(num_layers=12, chunk_tokens=16, kv_heads=1, head_dim=128, dtype="bfloat16")  # S = 8 KiB: O_DIRECT-aligned
 N = 40
-
-
-def evict_page_cache(data_dir: Path) -> None:
-    """Drop every store file's pages from the page cache (no root needed: they are clean and nobody maps them)."""
-    for p in data_dir.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def fetch_cold(tmp_path: Path, extra: str = "", verify: bool = False):
@@ -42,7 +32,7 @@ def fetch_cold(tmp_path: Path, extra: str = "", verify: bool = False):
         run(put())
         storage.stop()
         storage.start()
-        evict_page_cache(tmp_path / "data")
+        evict_tree(tmp_path / "data" / "objects")  # the chunk files: what the sample probes
 
         async def fetch_twice():
             out = []

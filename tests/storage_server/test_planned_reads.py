@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pagecache import evict_fds
 
 from protocol.wire import Descriptor, Mode, Target, TransportKind
 from storage_server.direct_reads import DIRECT
@@ -64,10 +65,8 @@ def chunk_files(tmp_path: Path, name: str, seed: int) -> tuple[list[int], np.nda
     for j in range(N):
         p = tmp_path / f"{name}-{j}"
         p.write_bytes(chunks[j].tobytes())
-        fd = os.open(p, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        fds.append(fd)
+        fds.append(os.open(p, os.O_RDONLY))
+    evict_fds(fds)
     return fds, chunks.transpose(1, 0, 2).reshape(L, N * S)  # [layer][chunk j at j·S]
 
 

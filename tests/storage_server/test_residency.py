@@ -1,9 +1,11 @@
-"""Cold chunks: a sampled page-cache miss is seen without blocking, and the read-ahead brings the chunks in."""
+"""Cold chunks: a sampled page-cache miss is seen without reading anything, and the read-ahead brings the chunks in."""
 
 from __future__ import annotations
 
 import os
 import time
+
+from pagecache import evict_fds
 
 from storage_server.residency import read_ahead, read_ahead_budget, resident_fraction
 
@@ -23,8 +25,7 @@ def test_a_dropped_chunk_is_seen_cold_and_read_ahead_warms_it(tmp_path):
         for fd in fds:
             os.pread(fd, 1, 0)
         assert resident_fraction(fds, offsets) == 1.0
-        for fd in fds[2:]:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        evict_fds(fds[2:])
         assert resident_fraction(fds, offsets) == 0.5  # two of four sampled chunks are cold
         assert read_ahead_budget() > 0
         assert read_ahead(fds, offsets, [256 << 10] * 4, budget=3 * (256 << 10)) == 3 * (256 << 10)  # bounded by the budget
@@ -37,3 +38,20 @@ def test_a_dropped_chunk_is_seen_cold_and_read_ahead_warms_it(tmp_path):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_probing_a_cold_chunk_does_not_warm_it(tmp_path):
+    """The sample only looks: asking twice about a dropped chunk finds it cold twice (a read-based probe would start
+    read-ahead of the very page it asked about)."""
+    p = tmp_path / "chunk"
+    p.write_bytes(b"\x07" * (256 << 10))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        evict_fds([fd])
+        assert [resident_fraction([fd], [0]) for _ in range(3)] == [0.0, 0.0, 0.0]
+        time.sleep(0.05)  # long enough for a read-ahead, had one been started, to land
+        assert resident_fraction([fd], [0]) == 0.0
+        assert os.pread(fd, 1, 0) == b"\x07"
+        assert resident_fraction([fd], [0]) == 1.0
+    finally:
+        os.close(fd)
