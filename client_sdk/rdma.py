@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from protocol.kv_http import proof_bytes
+from protocol.nixl_agent import new_agent
 from protocol.rdma_token import RdmaToken
 from protocol.wire import Target, TransportKind
 
@@ -43,10 +44,7 @@ class NixlClient:
     """This process's NIXL agent (UCX backend)."""
 
     def __init__(self) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config
-
-        self.agent: Any = nixl_agent(f"objectcache-client-{os.getpid()}-{secrets.token_hex(4)}", nixl_agent_config(backends=[]))
-        self.agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
+        self.agent: Any = new_agent(f"objectcache-client-{os.getpid()}-{secrets.token_hex(4)}")
 
     def metadata(self) -> bytes:
         return self.agent.get_agent_metadata()

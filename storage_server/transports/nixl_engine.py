@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.nixl_agent import new_agent
 from protocol.rdma_token import RdmaToken
 
 log = logging.getLogger("objectcache.storage_server.nixl")
@@ -58,10 +59,7 @@ class NixlEngine:
         ok, why = nixl_available()
         if not ok:
             raise S3Error(ErrorCode.NotImplemented, f"The rdma transport needs NIXL on the storage server: {why}.")
-        from nixl._api import nixl_agent, nixl_agent_config
-
-        self.agent: Any = nixl_agent(name or f"objectcache-storage-server-{os.getpid()}", nixl_agent_config(backends=[]))
-        self.agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
+        self.agent: Any = new_agent(name or f"objectcache-storage-server-{os.getpid()}")
         self.known: dict[bytes, KnownAgent] = {}
         # A write the client never completes (it stopped, or its metadata pointed somewhere that accepts
         # and never answers) must not hold the transfer forever.
