@@ -95,7 +95,7 @@ serve: $(STAMP) $(AWS_STAMP)
 	$(BIN)/objectcache serve $(ARGS)
 
 test: $(TEST_STAMP) $(AWS_STAMP) rclone s3cmd peers
-	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(ARGS)
+	TEST_AWS_CLI=$(abspath $(AWS_VENV))/bin/aws $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) --durations=25 $(ARGS)
 
 # A developer's quick subset (a minute or two): the protocol, the pure policies, the package boundaries and
 # the routing table, no server processes. `make test` before pushing.
