@@ -453,10 +453,20 @@ class ObjectCacheClient:
         auto = decode == "auto" and kind == TransportKind.HTTP
         decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
 
+        unreachable: list[str] = []  # peers a grant named whose data endpoint did not answer: the kv-get was asked again
+
+        def count_unreachable(stats: FetchStats) -> None:
+            for path in unreachable:
+                stats.failovers += 1
+                stats.broken_paths.setdefault(path, 0)  # no layer of it had arrived
+            unreachable.clear()
+
         async def resume(first_layer: int) -> tuple[Any, FrameStream | DirectFrameStream]:
             """The layers from ``first_layer`` on, asked again of this client's node (a peer's stream of them broke)."""
             again = encode_descriptor(dataclasses.replace(descriptor, first_layer=first_layer))
-            opened.append(await self._retrying(f"kv-get of {len(keys)} chunk(s) from layer {first_layer}", lambda: self._open_frames(kind, again)))
+            opened.append(await self._retrying(f"kv-get of {len(keys)} chunk(s) from layer {first_layer}",
+                                               lambda: self._open_frames(kind, again, unreachable)))
+            count_unreachable(stream.stats)
             return opened[-1]
 
         try:
@@ -470,7 +480,7 @@ class ObjectCacheClient:
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
-                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body))
+                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
@@ -484,6 +494,7 @@ class ObjectCacheClient:
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
                                  started, landed, decodes, layout.per_layer_chunk_bytes, resume)
+            count_unreachable(stream.stats)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
             if not stream._done:
@@ -501,9 +512,12 @@ class ObjectCacheClient:
             if dest is not None:
                 destinations.release(dest)
 
-    async def _open_frames(self, kind: TransportKind, body: bytes) -> tuple[Any, FrameStream | DirectFrameStream]:
+    async def _open_frames(self, kind: TransportKind, body: bytes, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:
         """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for
-        (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability)."""
+        (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability).
+        A peer's data endpoint that does not answer (the peer died or stalled after its node granted it) raises
+        ServiceUnavailable, so the caller's retry asks the node again (which no longer finds that peer), and is
+        added to ``unreachable`` as ``peer:<id>``."""
         if self._local is not None and kind == TransportKind.SHM and self._local.available():
             try:
                 return NoResponse(), await self._local.open(body)
@@ -523,6 +537,8 @@ class ObjectCacheClient:
             return resp, await DirectFrameStream.open(grant, body, self._timeout.sock_read or 120.0)
         except S3Error as e:
             e.resource = e.resource or f"/{self.bucket}"  # as the gateway's error response would name it
+            if grant.peer and e.code is ErrorCode.ServiceUnavailable and unreachable is not None:
+                unreachable.append(f"peer:{grant.peer}")
             raise
 
     async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
