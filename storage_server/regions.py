@@ -108,8 +108,13 @@ class MappedRegion(Region):
         self.view = memoryview(self.mm)
 
     def close(self) -> None:
-        self.view.release()
-        self.mm.close()
+        try:
+            self.view.release()
+            self.mm.close()
+        except BufferError:
+            # A transfer cut short (its budget ran out, its client left) still has a reader thread holding a slice:
+            # unmapping now would pull the memory from under it. The mapping goes when its last view does.
+            pass
 
 
 @dataclass(frozen=True)

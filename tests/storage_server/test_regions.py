@@ -148,3 +148,22 @@ def test_populated_bytes_are_bounded_per_tenant_and_unpopulated_regions_are_not_
     assert "storage_server.populate_max_bytes" in str(refused.value)
     registry.offer("t", 1 << 39)  # not populated: the server touches only what transfers write
     registry.offer("u", 4096, populate=True)  # another tenant has its own budget
+
+
+def test_a_region_dropped_while_a_cut_transfer_still_holds_a_slice_closes_without_error():
+    """A reader thread of a transfer cut short may still hold a slice of the region when it is dropped: closing does
+    not raise, the slice stays writable, and the mapping goes once the slice does."""
+    import mmap
+    import weakref
+
+    from storage_server.regions import MappedRegion
+
+    mm = mmap.mmap(-1, 4096)
+    region = MappedRegion(b"r" * 16, b"t" * 16, "alice", 4096, mm=mm)
+    held = region.view[100:200]  # what a cut transfer's reader still writes into
+    region.close()  # raised BufferError before
+    held[:3] = b"abc"
+    assert not mm.closed and bytes(mm[100:103]) == b"abc"
+    gone = weakref.ref(mm)
+    del held, region, mm
+    assert gone() is None  # nothing else kept the mapping
