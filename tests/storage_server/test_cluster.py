@@ -80,7 +80,8 @@ def test_a_prefix_warm_only_on_b_is_fetched_through_a_from_b_with_no_upstream_ge
 
 @pytest.mark.parametrize("g", [16, 64, 256])
 def test_a_split_kv_get_is_served_by_the_cache_a_peer_and_two_nodes_upstream_links_at_once(cluster, g):
-    """A holds the head, C the middle, nobody the tail: the tail is split between A's and B's upstream links."""
+    """A holds the head, C the middle, nobody the tail: the tail is split between A's upstream link and a peer's (B's,
+    or C's beside the middle it streams from its cache: the path scheduler picks by what it has learnt of each)."""
     moto, nodes, people, _, _ = cluster
     a, c = nodes["a"], nodes["c"]
     layout = tiny_layout(g, num_layers=8)
@@ -98,11 +99,13 @@ def test_a_split_kv_get_is_served_by_the_cache_a_peer_and_two_nodes_upstream_lin
     payload, stats = run(_fetch(a, people["alice"], bucket, keys, layout=layout))
     assert np.array_equal(payload, reference(layout, chunks))
     paths = stats.server.paths
-    assert (paths["local"], paths["peer:c"]) == (10 * chunk, 10 * chunk), paths
-    # The cold rest shared by A's and B's upstream links as the path scheduler balanced them (B's share also pays a peer
-    # stream's learnt fixed cost, so it may be a chunk or two smaller): both carry some, together all of it.
-    assert paths["upstream"] > 0 and paths["peer:b"] > 0 and paths["upstream"] + paths["peer:b"] == 20 * chunk, paths
-    assert len(chunk_gets(moto, bucket, before)) == 20  # every cold chunk fetched once: half by A, half by B
+    assert paths["local"] == 10 * chunk and paths.get("peer:c", 0) >= 10 * chunk, paths  # the middle: only C holds it
+    # The cold rest shared by A's upstream link and the peers' as the path scheduler balanced them (a peer's share also
+    # pays a peer stream's learnt fixed cost): A's link and a peer's each carry some, together all of it.
+    by_peers = paths.get("peer:b", 0) + paths["peer:c"] - 10 * chunk
+    assert paths["upstream"] > 0 and by_peers > 0 and paths["upstream"] + by_peers == 20 * chunk, paths
+    assert sum(paths.values()) == n * chunk, paths
+    assert len(chunk_gets(moto, bucket, before)) == 20  # every cold chunk fetched once (C's middle came from its cache)
 
 
 def test_killing_the_serving_peer_mid_transfer_completes_the_kv_get_through_another_path(cluster, tmp_path):
