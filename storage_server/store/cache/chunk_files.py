@@ -25,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .deferred_touches import DeferredTouches
 from .policy import make_policy
 from .tenants import TenantLedger, TenantQuotas
 
@@ -44,7 +45,7 @@ class ChunkFiles:
         self.tmp = root / "tmp"
         shutil.rmtree(self.tmp, ignore_errors=True)  # writes a crash interrupted
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.policy = make_policy(policy)
+        self.policy = DeferredTouches(make_policy(policy))  # a kv-get's touch waits for the next decision
         self.ledger = TenantLedger(quotas or TenantQuotas(max_bytes))
         self.versions: dict[str, str] = {}  # cid -> version_tag of its bytes ("" unknown)
         self.confirmed: dict[str, float] = {}  # cid -> when (monotonic) the copy was last known current; absent: never (a restart)

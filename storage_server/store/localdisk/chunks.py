@@ -26,6 +26,7 @@ import time
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
 
+from ..cache.deferred_touches import DeferredTouches
 from ..cache.policy import make_policy
 from ..cache.soft_pins import SoftPinLimits, SoftPinRefused, SoftPins
 from ..cache.tenants import TenantLedger, TenantQuotas
@@ -58,7 +59,7 @@ class LocalDiskChunkSource(ChunkSource):
         # Cached files are also mapped (a layer is then gathered in one copy); not when nothing is cached.
         self.files = OpenFileCache(open_files, MappedFiles(2 * open_files) if open_files else None)
         self.max_bytes = max_bytes
-        self.policy = make_policy(policy)
+        self.policy = DeferredTouches(make_policy(policy))  # a kv-get's touch waits for the next decision
         self.ledger = TenantLedger(quotas or TenantQuotas(max_bytes))
         self.soft = SoftPins(soft_pins or SoftPinLimits())
         self._soft_names: dict[str, str] = {}  # soft-pinned "bucket\0key" -> the policy name of the version it pins
