@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from protocol.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error, storage_full
 
 from .s3api import xml
 from .s3api.context import Address
@@ -147,7 +147,11 @@ async def s3_errors(request: web.Request, handler: _Handler) -> web.StreamRespon
         return error_response(err, st.request_id, request.method)
     except (ConnectionError, asyncio.CancelledError):
         raise  # the client or a relayed stream went away: aiohttp closes the connection
-    except Exception:
+    except Exception as e:
+        full = storage_full(e)  # a full disk met where no layer mapped it is still 507, never a retried 500
+        if full is not None:
+            log.warning("disk full (request %s): %s", st.request_id, e)
+            return error_response(full, st.request_id, request.method)
         log.exception("internal error (request %s)", st.request_id)
         return error_response(S3Error(ErrorCode.InternalError), st.request_id, request.method)
 

@@ -8,6 +8,8 @@ and default message live here and nowhere else.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -112,3 +114,20 @@ class S3Error(Exception):
     def from_dict(cls, d: dict) -> "S3Error":
         code = ErrorCode.__members__.get(str(d.get("code")), ErrorCode.InternalError)
         return cls(code, str(d.get("message", "")), str(d.get("resource", "")), dict(d.get("extra") or {}))
+
+
+DISK_FULL = "The store's disk is full; nothing of this request was stored."
+_SQLITE_FULL = 13  # the primary result code (an extended code's low byte)
+
+
+def storage_full(exc: BaseException) -> S3Error | None:
+    """The 507 a full disk is, or None: ENOSPC / EDQUOT from any file call, SQLITE_FULL from the index.
+
+    Pure, so every layer that can meet a full disk (the blob writer, the index, the gateway's and the daemon's
+    last-resort handlers) answers the same 507 instead of a 500 that clients would retry."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return S3Error(ErrorCode.InsufficientStorage, DISK_FULL)
+    if isinstance(exc, sqlite3.OperationalError) and (
+            (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == _SQLITE_FULL or "database or disk is full" in str(exc)):
+        return S3Error(ErrorCode.InsufficientStorage, DISK_FULL)
+    return None

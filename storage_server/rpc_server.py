@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error, storage_full
 from protocol.rpc import MAX_REPLY_LINE, MAX_REQUEST_LINE, Op, RpcRequest, encode_error, encode_reply
 from protocol.rpc_auth import HANDSHAKE_TIMEOUT_S, SharedKey, server_handshake
 
@@ -107,6 +107,10 @@ class RpcServer:
         except S3Error as e:
             return encode_error(e)
         except Exception as e:  # a bug, not bad input: answer, log, keep serving
+            full = storage_full(e)  # unless it is a full disk: that is 507, whichever layer met it
+            if full is not None:
+                log.warning("RPC request met a full disk: %s", e)
+                return encode_error(full)
             log.exception("RPC request failed")
             return encode_error(S3Error(ErrorCode.InternalError, f"storage server error: {e.__class__.__name__}"))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from protocol.checksums import Digester
-from protocol.errors import ErrorCode, S3Error
+from protocol.errors import ErrorCode, S3Error, storage_full
 
 from ..object_store import BodyStream, PutSpec
 from ..rules import verify_received as verify
@@ -51,8 +51,9 @@ def disk_space() -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise S3Error(ErrorCode.InsufficientStorage, "The store's disk is full; nothing of this request was stored.") from None
+        full = storage_full(e)
+        if full is not None:
+            raise full from None
         raise
 
 
@@ -177,7 +178,8 @@ class BlobFiles:
         """Stream ``body`` into an fsync'd temp file (blocking writes through ``run``), verifying size and digests."""
         tmp = self.new_tmp()
         digester = Digester(set(spec.checksum_algorithms) | set(spec.expected_checksums))
-        f: BinaryIO = await run(open, tmp, "wb")
+        with disk_space():
+            f: BinaryIO = await run(open, tmp, "wb")
         try:
             with disk_space():
                 buf: list[bytes] = []
@@ -196,8 +198,7 @@ class BlobFiles:
                 verify(spec, digester)
                 await run(_flush_and_close, f)
         except BaseException:
-            f.close()
-            tmp.unlink(missing_ok=True)
+            _discard(f, tmp)
             raise
         return tmp, digester
 
@@ -214,6 +215,15 @@ class BlobFiles:
             tmp.unlink(missing_ok=True)
             raise
         return tmp
+
+
+def _discard(f: BinaryIO, tmp: Path) -> None:
+    """Drop a refused upload's temp file before its error is answered. On a full disk the close itself fails
+    (it flushes the bytes a short write left in the buffer: ENOSPC again); that must not skip the unlink, or the
+    partial file keeps the disk full and every later PUT fails."""
+    with contextlib.suppress(OSError):
+        f.close()  # the fd is released even when the flush fails
+    tmp.unlink(missing_ok=True)
 
 
 def _flush_and_close(f: BinaryIO) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from protocol.errors import ErrorCode, S3Error
+from protocol.errors import storage_full
 
 from ..lifecycle import rules_from_json
 from ..object_store import BucketInfo, ObjectMeta, PutSpec, UploadInfo
@@ -136,7 +136,8 @@ class Database:
         except BaseException as e:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            if isinstance(e, sqlite3.OperationalError) and "full" in str(e):  # SQLITE_FULL: the disk is
-                raise S3Error(ErrorCode.InsufficientStorage, "The store's disk is full; nothing of this request was stored.") from None
+            full = storage_full(e)  # SQLITE_FULL (or ENOSPC): the disk is full
+            if full is not None:
+                raise full from None
             raise
         return result

@@ -34,6 +34,17 @@ async def body(data: bytes):
     yield data
 
 
+async def in_pieces(data: bytes, size: int):
+    """``data`` as a network delivers it under load: pieces smaller than the file's write buffer."""
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+def used_bytes(root: Path) -> int:
+    s = os.statvfs(root)
+    return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+
 def test_the_store_answers_insufficient_storage_and_keeps_nothing_partial(tmp_path):
     with small_filesystem(tmp_path / "small", "2m") as root:
         async def scenario():
@@ -57,6 +68,29 @@ def test_the_store_answers_insufficient_storage_and_keeps_nothing_partial(tmp_pa
         asyncio.run(scenario())
 
 
+def test_a_refused_upload_in_small_pieces_frees_its_space_before_the_507(tmp_path):
+    """Pieces smaller than the temp file's write buffer leave bytes in it when the disk fills, so closing the file
+    fails with ENOSPC too. That second failure once skipped the unlink: the partial file kept the disk full and
+    the next PUT, even 4 bytes, answered 500 InternalError."""
+    with small_filesystem(tmp_path / "small", "2m") as root:
+        async def scenario():
+            store = LocalDiskStore(root / "data", io_threads=2)
+            try:
+                await store.create_bucket("b", "t", "us-east-1")
+                before = used_bytes(root)
+                with pytest.raises(S3Error) as e:
+                    await store.put_object("b", "big", in_pieces(os.urandom(3 << 20), 3000), PutSpec(), "t")
+                assert e.value.code == ErrorCode.InsufficientStorage and e.value.status == 507, e.value
+                assert list((root / "data" / "tmp").iterdir()) == []
+                assert used_bytes(root) == before  # freed before the 507 was raised, not some time later
+                await store.put_object("b", "small", body(b"fits"), PutSpec(), "t")
+                assert (await store.head_object("b", "small")).size == 4
+            finally:
+                await store.close()
+
+        asyncio.run(scenario())
+
+
 def test_a_put_through_the_gateway_onto_a_full_disk_is_507(tmp_path):
     with small_filesystem(tmp_path / "small", "4m") as root:
         tenant = make_tenants("t")[0]
@@ -65,12 +99,18 @@ def test_a_put_through_the_gateway_onto_a_full_disk_is_507(tmp_path):
         try:
             s3 = boto_client(proc.endpoint, tenant)
             s3.create_bucket(Bucket="full")
+            before = used_bytes(root)
             with pytest.raises(ClientError) as e:
                 s3.put_object(Bucket="full", Key="big", Body=os.urandom(6 << 20))
             assert e.value.response["Error"]["Code"] == "InsufficientStorage"
             assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 507
+            # The refused upload's space is free when its 507 arrives (checked at once, not after a wait).
+            assert used_bytes(root) == before, (used_bytes(root), before, sorted((root / "data" / "tmp").iterdir()))
             assert s3.list_objects_v2(Bucket="full")["KeyCount"] == 0
             s3.put_object(Bucket="full", Key="small", Body=b"fits")
             assert s3.get_object(Bucket="full", Key="small")["Body"].read() == b"fits"
+        except BaseException:
+            print("server output:\n" + "".join(proc.output))
+            raise
         finally:
             proc.stop()
