@@ -158,6 +158,8 @@ def test_an_unavailable_upstream_is_503_after_max_attempts_tries(upstream_nodes)
     finally:
         proxy.fail.clear()
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503 and e.value.response["Error"]["Code"] == "ServiceUnavailable"
-    # One upstream request failed: it was tried exactly max_attempts times, and nothing else was asked.
-    assert len(refused) == MAX_ATTEMPTS and len(set(refused)) == 1, refused
+    # One upstream request failed: it was tried exactly max_attempts times, and nothing else of the bucket was asked
+    # (the node's own background probes of the upstream, "GET /", may fall in the same moment).
+    asked = [r for r in refused if r.startswith("GET /busy/")]
+    assert len(asked) == MAX_ATTEMPTS and len(set(asked)) == 1, refused
     assert s3a.get_object(Bucket="busy", Key="k")["Body"].read() == b"stored"  # and the node serves again at once
