@@ -7,6 +7,11 @@ kv-gets ask for, the node serves some from its cache (*local hit ratio*) and fet
 rest from the upstream (*upstream hit ratio* = chunks fetched from the upstream / chunks
 requested, counted by the node itself); the two add up to 1. The same replay with a
 cache larger than the working set runs beside it as the reference.
+
+A request whose first chunk an earlier request also stored (the same conversation or system
+prompt) starts once that request's put has landed, as a next turn starts after the answer
+before it: on a compressed clock and a loaded machine every lookup could otherwise come
+before any put and the trace would measure nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +48,17 @@ def working_set_bytes(prompts: list[tuple[int, list[str]]], layout: KVLayout) ->
     return len({k for _, keys in prompts for k in keys}) * layout.chunk_bytes
 
 
+def follows(prompts: list[tuple[int, list[str]]]) -> list[int | None]:
+    """For each request, the latest earlier one with the same first chunk (None: it starts on its own)."""
+    last: dict[str, int] = {}
+    out: list[int | None] = []
+    for i, (_, keys) in enumerate(prompts):
+        out.append(last.get(keys[0]) if keys else None)
+        if keys:
+            last[keys[0]] = i
+    return out
+
+
 def chunk_requests(up: Upstream, bucket: str, since: int) -> dict[str, int] | None:
     """Upstream chunk GETs and HEADs after request number ``since`` (None where the upstream keeps no log)."""
     log = up.requests()
@@ -62,9 +78,19 @@ async def replay(node: BenchServer, up: Upstream, bucket: str, trace: list[dict]
         log_start = len(up.requests() or [])
         before = node.status()["chunk_cache"]
         start = time.perf_counter()
+        stored = [asyncio.Event() for _ in prompts]
+        waits_for = follows(prompts)
 
-        async def one(req: dict, n_tokens: int, keys: list[str]) -> None:
-            await asyncio.sleep(max(0.0, req["timestamp"] / 1000 / compression - (time.perf_counter() - start)))
+        async def one(i: int, req: dict, n_tokens: int, keys: list[str]) -> None:
+            try:
+                await asyncio.sleep(max(0.0, req["timestamp"] / 1000 / compression - (time.perf_counter() - start)))
+                if waits_for[i] is not None:
+                    await stored[waits_for[i]].wait()
+                await request(n_tokens, keys)
+            finally:
+                stored[i].set()
+
+        async def request(n_tokens: int, keys: list[str]) -> None:
             hit = await c.lookup(keys)
             compute = per_layer_seconds(n_tokens, hit * layout.chunk_tokens) / scale
             no_cache = per_layer_seconds(n_tokens, 0) / scale * layout.num_layers
@@ -88,7 +114,7 @@ async def replay(node: BenchServer, up: Upstream, bucket: str, trace: list[dict]
             results.append({"tokens": n_tokens, "cached_tokens": hit * layout.chunk_tokens, "ttft_s": ttft, "no_cache_ttft_s": no_cache,
                             "fetch_s": arrivals[-1] if hit else 0.0})
 
-        jobs = [one(r, n, k) for r, (n, k) in zip(trace, prompts)]
+        jobs = [one(i, r, n, k) for i, (r, (n, k)) in enumerate(zip(trace, prompts))]
         for done in progress(asyncio.as_completed(jobs), total=len(jobs), desc=f"trace {bucket}"):
             await done
         after = node.status()["chunk_cache"]
