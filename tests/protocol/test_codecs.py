@@ -116,7 +116,7 @@ def test_registry_ids_and_names_are_unique_and_stable():
 
 
 def test_config_knows_the_registrys_codecs():
-    """protocol/config.py imports nothing of the project, so it names the codecs itself: the two lists stay equal."""
+    """protocol/config imports nothing of the project, so it names the codecs itself: the two lists stay equal."""
     from protocol import config
 
     assert config.CODEC_NAMES == tuple(c.name for c in CODECS.values())
