@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.compressed_chunk import MAGIC as COMPRESSED_MAGIC
@@ -35,6 +36,7 @@ from .bandwidth import GBPS, BandwidthPool, Lease
 from .compressed_reads import check_puts, encode_puts, read_headers
 from .decode_choice import choose_site, wire_layer_bytes
 from .deadline import LoadDeadline, lookup_deliverable
+from .decoded_copies import DecodedCopies
 from .executor import Executor, Pacer, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
 from .memory_budget import MemoryBudget
@@ -142,6 +144,7 @@ class KVService:
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
         self.fds = FdBudget()
+        self.copies = DecodedCopies(Path(config.store.data_dir) / "decoded-copies", zc.decoded_copies_bytes) if zc.decoded_copies_bytes else None
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -251,7 +254,8 @@ class KVService:
         kind = transport_class(d.target.transport)
         direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)
         distinct = getattr(d.chunk_keys, "distinct", None)  # a decoded KeyList counts once per key list
-        async with self.fds.hold(distinct if distinct is not None else len(set(d.chunk_keys)), FDS_PER_FILE if direct else 1):
+        per_file = (FDS_PER_FILE if direct else 1) + (self.copies is not None)  # a chunk's decoded copy is one more file
+        async with self.fds.hold(distinct if distinct is not None else len(set(d.chunk_keys)), per_file):
             return await self._get(call, d, arrived)
 
     async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:
@@ -390,13 +394,23 @@ class KVService:
             pacers.insert(0, LoadDeadline(info.arrived + info.descriptor.load_budget_s, info.descriptor.load_budget_s,
                                           lease.bucket if lease is not None else None, self.pool.clock if self.pool is not None else time.monotonic))
         site = self._decode_site(info, reads, lease)
+        taken = None
         try:
+            if self.copies is not None and reads.headers is not None and not reads.send_encoded:
+                reads.fds, reads.offsets, headers, taken = await asyncio.get_running_loop().run_in_executor(
+                    self.executor.pool, self.copies.take, reads.fds, reads.offsets, reads.headers)
+                reads.headers = headers if any(h is not None for h in headers) else None
+                site["decoded_copies"] = taken.count
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
+            if taken is not None and reads.headers is not None:
+                self.copies.fill(taken, reads.fds, reads.headers, info.descriptor.chunk_keys)  # type: ignore[union-attr]
             if lease is not None:
                 stats.allocation = lease.describe()
             stats.decode_site = site
             return stats
         finally:
+            if taken is not None:
+                self.copies.release(taken)  # type: ignore[union-attr]
             if lease is not None and self.pool is not None:
                 self.pool.leave(lease)
 
@@ -440,6 +454,7 @@ class KVService:
             "transfer_fds": self.fds.status(),
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
             "decode_pipeline": self.executor.decoder.status(),
+            "decoded_copies": self.copies.status() if self.copies is not None else {"max_bytes": 0},
         }
 
     async def stop_transfers(self) -> None:
@@ -454,6 +469,8 @@ class KVService:
         if self.pool is not None:
             await self.pool.close()
         self.executor.close()
+        if self.copies is not None:
+            self.copies.close()
         self.regions.close()
         if self._verbs is not None:
             self._verbs.close()

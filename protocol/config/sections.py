@@ -286,6 +286,10 @@ class CompressionConfig(Section):
     decompress_threads: int = 2
     dequantise_threads: int = 2
     piece_bytes: int = 1 << 20
+    # Bytes of raw copies of compressed chunks the node decoded (storage_server.decoded_copies): a warm kv-get the
+    # node would decode reads the copy instead. 0 (the default): none, every byte of the cache holds compressed
+    # chunks; worth its bytes where hot prefixes are compressed and served over shm or fast links.
+    decoded_copies_bytes: int = 0
 
     def codec_for(self, bucket: str) -> str:
         """The codec the node applies to raw kv-put chunks of ``bucket`` ("none": stored as they are)."""
@@ -306,6 +310,7 @@ class CompressionConfig(Section):
         self.require(self.decompress_threads >= 1, "decompress_threads", "must be at least 1")
         self.require(self.dequantise_threads >= 1, "dequantise_threads", "must be at least 1")
         self.require(self.piece_bytes >= 4096, "piece_bytes", "must be at least 4096")
+        self.require(self.decoded_copies_bytes >= 0, "decoded_copies_bytes", "must be at least 0 (0: no decoded copies)")
 
 
 @dataclass(frozen=True)

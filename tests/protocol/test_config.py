@@ -65,6 +65,7 @@ secret_key = "s2"
     ('[bandwidth]\npolicy = "fifo"\n', "bandwidth.policy"),
     ("[bandwidth]\nepoch_ms = 0\n", "bandwidth.epoch_ms"),
     ('[log]\nlevel = "chatty"\n', "log.level"),
+    ("[compression]\ndecoded_copies_bytes = -1\n", "compression.decoded_copies_bytes"),
     ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\nweight = 0\n', "tenants.weight"),
     ("not toml [", "invalid TOML"),
 ])

@@ -1,0 +1,196 @@
+"""Decoded copies of compressed chunks: a warm kv-get the node would decode reads a raw copy instead.
+
+Chunks stored compressed hold more prefixes per byte, but every warm hit the node decodes (shm and
+rdma always, http where the decode site is the node) pays the decoder: on a fast link the decoder,
+not the link, is then the slowest stage, and a compressed prefix loads slower than a raw one would.
+With ``compression.decoded_copies_bytes`` > 0 the node keeps, within that budget, a raw copy (L·S
+bytes, layer-major) of each compressed chunk it decoded for a kv-get; the next kv-get that the node
+would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a slow link: the encoded
+bytes are what it wants) reads the stored object as before.
+
+A copy is keyed by the identity of the exact file the store pinned (device, inode, size, mtime and
+ctime in nanoseconds, and the chunk's offset in it). An overwrite or a delete leaves another file, so a
+copy is never served for other bytes than the ones it was decoded from, and the store's pin (with its
+authorisation) always comes first: a copy reaches no tenant the stored chunk would not. Copies are a
+cache: kept in their own folder (emptied at start), least recently used evicted past the budget (never
+one a transfer reads), filled after the kv-get that decoded them on one background thread over a
+bounded queue (a full queue skips a copy: it only ever saves work).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from protocol.compressed_chunk import ChunkHeader
+
+log = logging.getLogger("objectcache.storage_server.decoded_copies")
+
+Identity = tuple[int, int, int, int, int, int]
+
+
+def identity(fd: int, offset: int) -> Identity:
+    """The pinned bytes' identity: an immutable chunk file as the store wrote it, and where the chunk starts in it."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, offset
+
+
+@dataclass
+class _Copy:
+    path: Path
+    size: int
+    readers: int = 0
+
+
+@dataclass
+class Taken:
+    """One kv-get's use of the copies: the copies it reads (open here, closed on release) and the identities of
+    the compressed chunks it still decodes (what a fill after it may copy)."""
+
+    ids: list[Identity | None]  # per chunk: the identity of a compressed chunk the node decodes, else None
+    used: list[Identity] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.used)
+
+
+class DecodedCopies:
+    """Raw copies of decoded chunks within ``max_bytes`` in ``root`` (see the module docstring)."""
+
+    def __init__(self, root: Path, max_bytes: int, queue_chunks: int = 256) -> None:
+        shutil.rmtree(root, ignore_errors=True)  # copies of a previous run name files that may no longer exist
+        root.mkdir(parents=True)
+        self.root, self.max_bytes, self.queue_chunks = root, max_bytes, queue_chunks
+        self._copies: OrderedDict[Identity, _Copy] = OrderedDict()  # least recently used first
+        self._pending: set[Identity] = set()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies")
+        self._names = 0
+        self._closed = False
+        self.hits = self.fills = self.evicted = self.skipped = 0
+
+    def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None]) -> tuple[list[int], list[int], list[ChunkHeader | None], Taken]:
+        """The plan's columns with each compressed chunk that has a copy replaced by the copy (a raw chunk at offset 0);
+        the copies stay readable until :meth:`release`. Runs off the event loop (a stat per compressed chunk)."""
+        ids: list[Identity | None] = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
+        taken = Taken(ids)
+        fds, offsets, headers = list(fds), list(offsets), list(headers)
+        with self._lock:
+            for j, ident in enumerate(ids):
+                copy = self._copies.get(ident) if ident is not None else None
+                if copy is None:
+                    continue
+                try:
+                    fd = os.open(copy.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:  # removed by hand: forget it
+                    self._drop(ident)  # type: ignore[arg-type]
+                    continue
+                copy.readers += 1
+                self._copies.move_to_end(ident)  # type: ignore[arg-type]
+                taken.used.append(ident)  # type: ignore[arg-type]
+                taken.fds.append(fd)
+                taken.ids[j] = None
+                fds[j], offsets[j], headers[j] = fd, 0, None
+            self.hits += taken.count
+        return fds, offsets, headers, taken
+
+    def release(self, taken: Taken) -> None:
+        for fd in taken.fds:
+            os.close(fd)
+        with self._lock:
+            for ident in taken.used:
+                if (copy := self._copies.get(ident)) is not None:
+                    copy.readers -= 1
+            self._evict(0)
+        taken.fds, taken.used = [], []
+
+    def fill(self, taken: Taken, fds: list[int], headers: list[ChunkHeader | None], keys: list[str]) -> None:
+        """After a kv-get that decoded its compressed chunks: queue a copy of each not copied yet (the pinned files
+        are duplicated, so the copies outlive the pins)."""
+        jobs = []
+        with self._lock:
+            for j, ident in enumerate(taken.ids):
+                h = headers[j]
+                if ident is None or h is None or ident in self._copies or ident in self._pending:
+                    continue
+                if len(self._pending) >= self.queue_chunks or h.layers * h.slice_bytes > self.max_bytes:
+                    self.skipped += 1
+                    continue
+                self._pending.add(ident)
+                jobs.append((ident, os.dup(fds[j]), h, keys[j]))
+        for job in jobs:
+            self._worker.submit(self._fill_one, *job)
+
+    def _fill_one(self, ident: Identity, fd: int, header: ChunkHeader, key: str) -> None:
+        try:
+            if self._closed:
+                return
+            encoded = np.empty(header.object_bytes, np.uint8)
+            got = os.preadv(fd, [memoryview(encoded)], ident[5])
+            if got != header.object_bytes:
+                raise OSError(f"short read: {got} of {header.object_bytes} bytes")
+            s = header.slice_bytes
+            raw = np.empty(header.layers * s, np.uint8)
+            for layer, (off, length) in enumerate(zip(header.offsets, header.lengths)):
+                header.decode_layer(key, layer, encoded[off : off + length], raw[layer * s : (layer + 1) * s])
+            with self._lock:
+                self._names += 1
+                path = self.root / f"{self._names:016x}"
+                if not self._evict(raw.nbytes):
+                    self.skipped += 1
+                    return
+                self._bytes += raw.nbytes  # reserved before the write: the budget holds while it runs
+            try:
+                tmp = path.with_suffix(".tmp")
+                with open(tmp, "wb") as f:
+                    f.write(memoryview(raw))
+                os.rename(tmp, path)
+            except BaseException:
+                with self._lock:
+                    self._bytes -= raw.nbytes
+                raise
+            with self._lock:
+                self._copies[ident] = _Copy(path, raw.nbytes)
+                self.fills += 1
+        except Exception:
+            log.exception("decoded copy of chunk %r failed (it is decoded again next time)", key)
+        finally:
+            os.close(fd)
+            with self._lock:
+                self._pending.discard(ident)
+
+    def _evict(self, room: int) -> bool:
+        """Evict least recently used copies no transfer reads until ``room`` more bytes fit (lock held); False: they cannot."""
+        for ident in list(self._copies):
+            if self._bytes + room <= self.max_bytes:
+                break
+            if self._copies[ident].readers == 0:
+                self._drop(ident)
+                self.evicted += 1
+        return self._bytes + room <= self.max_bytes
+
+    def _drop(self, ident: Identity) -> None:
+        copy = self._copies.pop(ident)
+        self._bytes -= copy.size
+        copy.path.unlink(missing_ok=True)
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {"max_bytes": self.max_bytes, "bytes": self._bytes, "chunks": len(self._copies), "hits": self.hits,
+                    "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending)}
+
+    def close(self) -> None:
+        """Stop filling (queued fills only close their files)."""
+        self._closed = True
+        self._worker.shutdown(wait=True)
