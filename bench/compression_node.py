@@ -7,6 +7,10 @@ is put twice, raw and with the stored codec; each http kv-get (the storage serve
 by the SDK, layer by layer, and the engine's compute is laid over the layer arrival times as in the model
 sweep. Before the timed runs one kv-get decodes in the node and one in the SDK, so both sides have measured
 decode rates (what ``auto`` decides with). Runs interleave (repeat → variant); median of ``repeats``.
+
+At the fastest rate a second node runs the same with ``compression.decoded_copies_bytes`` set (room for the
+whole payload): its warm kv-gets that the node decodes read raw copies instead (``auto_copies_vs_raw``, raw
+timed on that node too) — the setting for a fast link whose decode would be the slowest stage.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _chunks(sample: KVSample, layout: KVLayout, n: int) -> list[np.ndarray]:
 
 
 async def _at_rate(server, sample: KVSample, codec: str, layers: int, chunks: int, repeats: int, workers: int,
-                   compute_per_layer: float) -> dict:
+                   compute_per_layer: float, variants: tuple[str, ...] = VARIANTS) -> dict:
     layout = _layout(sample, layers)
     data = _chunks(sample, layout, chunks)
     tokens = np.arange(chunks * layout.chunk_tokens, dtype=np.uint64)
@@ -55,25 +59,34 @@ async def _at_rate(server, sample: KVSample, codec: str, layers: int, chunks: in
             payload, stats = await c.fetch(keys, layout, "http", mode="layerwise", verify=False, decode=decode)
             total = time.perf_counter() - t0
             site = stats.server.decode_site
-            return {"ttft_s": modelled_ttft(stats.layer_arrival_s, compute_per_layer), "load_s": total,
+            copies = int(site.get("decoded_copies", 0))
+            return {"decoded_copies": copies, "ttft_s": modelled_ttft(stats.layer_arrival_s, compute_per_layer), "load_s": total,
                     "site": site.get("site", "-"), "reason": site.get("reason", ""),
                     "wire_bytes": int(site.get("wire_bytes", layout.payload_bytes(chunks))),
                     "exact": bool(np.array_equal(payload, want)) if variant == "raw" or codec == "zstd" else None}
 
         await get("node")  # both sides' decoders measured before auto decides with them
         await get("client")
-        runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        await _copies_filled(server)
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(repeats):
-            for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 runs[v].append(await get(v))
     out = {}
-    for v in VARIANTS:
+    for v in variants:
         ttfts = [x["ttft_s"] for x in runs[v]]
         mid = runs[v][ttfts.index(statistics.median_low(ttfts))]
         out[v] = {"ttft_s": round(mid["ttft_s"], 6), "runs_ttft_s": [round(t, 6) for t in ttfts], "load_s": round(mid["load_s"], 6),
                   "wire_bytes": mid["wire_bytes"], "site": mid["site"], "sites": sorted({x["site"] for x in runs[v]}),
-                  "reason": mid["reason"], "byte_exact": None if mid["exact"] is None else all(x["exact"] for x in runs[v])}
+                  "reason": mid["reason"], "decoded_copies": mid["decoded_copies"], "byte_exact": None if mid["exact"] is None else all(x["exact"] for x in runs[v])}
     return out
+
+
+async def _copies_filled(server) -> None:
+    """Until the node's decoded copies (if any) have no fill queued (bounded): the timed runs then read them."""
+    deadline = time.monotonic() + 60
+    while server.status().get("decoded_copies", {}).get("pending") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def measure(sample: KVSample, codec: str, rates: list[float], layers: int, payload_mb: int, repeats: int, workers: int,
@@ -81,17 +94,28 @@ def measure(sample: KVSample, codec: str, rates: list[float], layers: int, paylo
     """One node per rate; rows of raw / node / client / auto TTFT (the auto row is the real kv-get path's choice)."""
     layout = _layout(sample, layers)
     chunks = max(1, (payload_mb << 20) // layout.chunk_bytes)
-    extra = (f'[compression]\nlossy_buckets = ["{BUCKET}"]\ndecompress_threads = {workers}\ndequantise_threads = {workers}\n'
-             f'[bandwidth]\npolicy = "equal"\nburst_layers = 0\n')
+
+    def config(rate: float, copies_bytes: int = 0) -> str:
+        return (f'[compression]\nlossy_buckets = ["{BUCKET}"]\ndecompress_threads = {workers}\ndequantise_threads = {workers}\n'
+                f'decoded_copies_bytes = {copies_bytes}\n[bandwidth]\npolicy = "equal"\nburst_layers = 0\ncapacity_gbps = {rate!r}\n')
+
     rows = []
     for rate in rates:
-        server = start_server(extra + f"capacity_gbps = {rate!r}\n")
+        server = start_server(config(rate))
         try:
             got = asyncio.run(_at_rate(server, sample, codec, layers, chunks, repeats, workers, compute_per_layer))
         finally:
             server.stop()
         raw = got["raw"]["ttft_s"]
         rows.append({"link_gbps": rate, "variants": got, **{f"{v}_vs_raw": round(raw / got[v]["ttft_s"], 4) for v in VARIANTS if v != "raw"}})
+    copies_bytes = 2 * layout.payload_bytes(chunks)
+    server = start_server(config(rates[-1], copies_bytes))
+    try:
+        got = asyncio.run(_at_rate(server, sample, codec, layers, chunks, repeats, workers, compute_per_layer, ("raw", "auto")))
+    finally:
+        server.stop()
+    copies = {"link_gbps": rates[-1], "decoded_copies_bytes": copies_bytes, "variants": got,
+              "auto_copies_vs_raw": round(got["raw"]["ttft_s"] / got["auto"]["ttft_s"], 4)}
     return {"measured": True, "codec": codec, "kv": sample.name, "chunks": chunks, "layers": layers, "payload_bytes": layout.payload_bytes(chunks),
-            "workers": workers, "transport": "http (data endpoint)", "rows": rows,
+            "workers": workers, "transport": "http (data endpoint)", "rows": rows, "decoded_copies": copies,
             "method": "measured: a node's paced kv-gets, layer arrival times at the SDK; modelled: the engine's compute laid over them"}

@@ -32,6 +32,8 @@ import numpy as np
 
 from protocol.compressed_chunk import ChunkHeader
 
+from .fd_budget import soft_fd_limit
+
 log = logging.getLogger("objectcache.storage_server.decoded_copies")
 
 Identity = tuple[int, int, int, int, int, int]
@@ -67,10 +69,13 @@ class Taken:
 class DecodedCopies:
     """Raw copies of decoded chunks within ``max_bytes`` in ``root`` (see the module docstring)."""
 
-    def __init__(self, root: Path, max_bytes: int, queue_chunks: int = 256) -> None:
+    def __init__(self, root: Path, max_bytes: int, queue_chunks: int | None = None) -> None:
+        """``queue_chunks``: fills queued at most (each holds a duplicate of its chunk's file descriptor, outside the
+        transfers' budget: by default 4,096 or an eighth of the file limit, whichever is smaller)."""
         shutil.rmtree(root, ignore_errors=True)  # copies of a previous run name files that may no longer exist
         root.mkdir(parents=True)
-        self.root, self.max_bytes, self.queue_chunks = root, max_bytes, queue_chunks
+        self.root, self.max_bytes = root, max_bytes
+        self.queue_chunks = queue_chunks if queue_chunks is not None else max(1, min(4096, soft_fd_limit() // 8))
         self._copies: OrderedDict[Identity, _Copy] = OrderedDict()  # least recently used first
         self._pending: set[Identity] = set()
         self._bytes = 0

@@ -86,6 +86,13 @@ def test_bench_compression_quick_report(tmp_path):
         assert row["auto_vs_raw"] == round(v["raw"]["ttft_s"] / v["auto"]["ttft_s"], 4)
     assert result["ttft_speedup_slowest_link"] == node["rows"][0]["auto_vs_raw"] and positive(result["ttft_speedup_slowest_link"])
     assert result["ttft_ratio_fastest_link"] == round(1 / node["rows"][-1]["auto_vs_raw"], 4)
+    # Decoded copies at the fastest link: a node keeping them serves auto's warm node-decoded kv-gets from the copies.
+    copies = node["decoded_copies"]
+    auto = copies["variants"]["auto"]
+    assert copies["link_gbps"] == node_rates[-1] and copies["decoded_copies_bytes"] >= node["payload_bytes"]
+    assert auto["decoded_copies"] == (node["chunks"] if auto["site"] == "node" else 0), auto
+    assert copies["variants"]["raw"]["byte_exact"] is True and copies["variants"]["raw"]["decoded_copies"] == 0
+    assert result["ttft_ratio_fastest_link_decoded_copies"] == round(1 / copies["auto_copies_vs_raw"], 4)
 
     # Interference: alone, in the engine's process, in the node's; the decoders really decoded.
     modes = [row["mode"] for row in result["interference"]["rows"]]
