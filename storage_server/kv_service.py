@@ -12,20 +12,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
-import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from protocol.compressed_chunk import MAGIC as COMPRESSED_MAGIC
 from protocol.compressed_chunk import ChunkShape
 from protocol.config import Config
 from protocol.errors import ErrorCode, S3Error
-from protocol.kv_http import LoadBudget, LookupReply, PutReply, RdmaRegisterRequest, RegisterReply, RegisterRequest, RegisterTicket, UnregisterRequest, hex_field, proof_bytes
+from protocol.kv_http import (
+    LoadBudget,
+    LookupReply,
+    PutReply,
+    RdmaRegisterRequest,
+    RegisterReply,
+    RegisterRequest,
+    RegisterTicket,
+    UnregisterRequest,
+    hex_field,
+    proof_bytes,
+)
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.verbs import VerbsDevice
@@ -34,68 +43,27 @@ from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
 from .compressed_reads import check_puts, encode_puts, read_headers
-from .decode_choice import choose_site, wire_layer_bytes
 from .deadline import LoadDeadline, lookup_deliverable
+from .decode_choice import choose_site, wire_layer_bytes
 from .decoded_copies import DecodedCopies
-from .executor import Executor, Pacer, ReadPlan
+from .executor import Executor, ReadPlan
 from .fd_budget import FDS_PER_FILE, FdBudget
 from .memory_budget import MemoryBudget
-from .plan import TransferPlan, plan_transfer
+from .plan import plan_transfer
 from .regions import RegionRegistry, ShmBudget
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
 from .store import ChunkSource, PinFor
+from .transfer_info import Delegate, Forecast, Forecaster, PacerFactory, Pacers, TransferInfo, TransferObserver, VerbsOpener, log_transfer
 from .transports import FrameSink, OpenRequest, Transport, open_transport, transport_class
 from .transports.nixl_engine import NixlEngine, NixlLink
 from .transports.rdma import RdmaLink, RemoteRegion
 from .transports.verbs_engine import VerbsEngine
 
+__all__ = ["Delegate", "Forecast", "Forecaster", "KVService", "PacerFactory", "Pacers", "TransferInfo", "TransferObserver", "VerbsOpener",
+           "handover_socket_path", "log_transfer", "open_pyverbs"]
+
 log = logging.getLogger("objectcache.storage_server")
-access_log = logging.getLogger("objectcache.access.transfers")
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """The delivery-time oracle's prediction for one kv-get, from its arrival (the metrics set it against the measured)."""
-
-    first_layer_s: float
-    total_s: float
-
-
-class Forecaster(Protocol):
-    """Predicts kv-gets (a cluster node's :class:`~storage_server.cluster.estimator.Estimator`)."""
-
-    def snapshot(self, request_id: str = "") -> Any:
-        """The link picture now (taken when kv-get ``request_id`` arrives)."""
-
-    def forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast:
-        """The prediction for ``d`` whose chunks took ``paths``, from the picture at its arrival."""
-
-
-@dataclass(frozen=True)
-class TransferInfo:
-    """One accepted kv-get, as pacers and status see it."""
-
-    request_id: str
-    tenant: str
-    bucket: str
-    descriptor: Descriptor
-    plan: TransferPlan
-    forecast: Forecast | None = None
-    arrived: float = 0.0  # time.perf_counter() when the storage server received the kv-get (a load budget counts from it)
-
-    def describe(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "tenant": self.tenant, "mode": self.plan.mode.name.lower(),
-                "payload_bytes": self.descriptor.payload_bytes}
-
-
-# Builds a pacer for a transfer (or None to leave it alone). Injected by whoever builds the server.
-PacerFactory = Callable[[TransferInfo], Pacer | None]
-# Opens the RDMA device for the pyverbs engine (by name, "" = the first); pyverbs by default.
-VerbsOpener = Callable[[str], VerbsDevice]
-# Told of every accepted kv-get once it ends: how ("ok", "error", "client_gone", "failed") and its END
-# statistics when it completed (the metrics plug in here).
-TransferObserver = Callable[[TransferInfo, str, TransferStats | None], None]
 
 
 def open_pyverbs(name: str) -> VerbsDevice:
@@ -103,30 +71,6 @@ def open_pyverbs(name: str) -> VerbsDevice:
     if not ok:
         raise S3Error(ErrorCode.NotImplemented, f"The rdma transport's pyverbs engine cannot run on this storage server: {why}.")
     return PyverbsDevice(name)
-
-
-class Pacers:
-    """Several pacers in order."""
-
-    def __init__(self, pacers: Sequence[Pacer]) -> None:
-        self.pacers = pacers
-
-    async def before_layer(self, nbytes: int) -> None:
-        for p in self.pacers:
-            await p.before_layer(nbytes)
-
-    def after_layer(self) -> None:
-        for p in self.pacers:
-            p.after_layer()
-
-
-class Delegate(Protocol):
-    """Serves a kv-get through other nodes (the cluster's peer -> engine rdma path), or declines (None)."""
-
-    async def delegate(self, tenant: str, bucket: str, request_id: str, d: Descriptor, transport: Transport,
-                       accept: Callable[[], None]) -> TransferStats | None:
-        """The kv-get's END statistics once delivered through other nodes (having called ``accept`` first),
-        or None, before accepting, to serve it here."""
 
 
 class KVService:
@@ -474,17 +418,6 @@ class KVService:
         self.regions.close()
         if self._verbs is not None:
             self._verbs.close()
-
-
-def log_transfer(info: TransferInfo, outcome: str, stats: TransferStats | None) -> None:
-    """The storage server's access line for a kv-get: the gateway's request id, so both logs join."""
-    if access_log.isEnabledFor(logging.INFO):
-        fields = {"request_id": info.request_id, "tenant": info.tenant, "bucket": info.bucket, "operation": "KVGet",
-                  "outcome": outcome, "mode": info.plan.mode.name.lower(), "transport": info.descriptor.target.transport.name.lower(),
-                  "bytes": info.descriptor.payload_bytes if outcome == "ok" else 0,
-                  "seconds": round(stats.total_s, 6) if stats is not None else None,
-                  "paths": stats.paths if stats is not None else None, "failovers": stats.failovers if stats is not None else 0}
-        access_log.info(json.dumps(fields), extra={"fields": fields})
 
 
 def handover_socket_path(config: Config) -> str:
