@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
+from protocol.config import CACHE_POLICIES, CacheConfig
 
 from . import upstreams
 from .capacity_trace import chunk_requests, prompt_keys, replay, working_set_bytes
@@ -35,10 +36,12 @@ from .transfer import s3_cw
 PATHS = ("warm", "cold", "S3-CW")
 
 
-def node(up: upstreams.Upstream, cache_bytes: int, like: BenchServer | None = None) -> BenchServer:
-    """A capacity-tier node over ``up`` (the same tenant as ``like``, so both own the same buckets)."""
+def node(up: upstreams.Upstream, cache_bytes: int, like: BenchServer | None = None, policy: str = "") -> BenchServer:
+    """A capacity-tier node over ``up`` (the same tenant as ``like``, so both own the same buckets); ``policy``: its
+    ``cache.policy`` ("": the default)."""
     creds = (like.access_key, like.secret_key) if like else None
-    return start_server(f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 16\n", credentials=creds, store_toml=up.store_toml())
+    chosen = f'policy = "{policy}"\n' if policy else ""
+    return start_server(f"[cache]\nmax_bytes = {cache_bytes}\nfetch_concurrency = 16\n{chosen}", credentials=creds, store_toml=up.store_toml())
 
 
 async def side_by_side(up: upstreams.Upstream, a: BenchServer, b: BenchServer, layout: KVLayout, contexts: list[int], repeats: int,
@@ -100,7 +103,24 @@ async def trace_runs(up: upstreams.Upstream, args: argparse.Namespace, layout: K
             out["runs"][name] = await replay(n, up, bucket, trace, prompts, layout, scale, compression, args.transport)
         finally:
             n.stop()
+    # The online ordering of cache.policy: the small cache's replay again under each other policy (its own bucket).
+    default = CacheConfig().policy
+    out["policies"] = {default: _policy_row(out["runs"]["small cache"])}
+    chosen = args.policies if args.policies is not None else (["lru"] if args.quick else list(CACHE_POLICIES))
+    for policy in [p for p in chosen if p != default]:
+        n = node(up, small, policy=policy)
+        try:
+            out["policies"][policy] = _policy_row(await replay(n, up, f"trace-small-{policy}", trace, prompts, layout, scale, compression,
+                                                               args.transport))
+        finally:
+            n.stop()
+    out["default_policy"] = default
     return out
+
+
+def _policy_row(run: dict) -> dict:
+    return {k: run[k] for k in ("prefix_hit_ratio", "local_hit_ratio", "upstream_hit_ratio", "chunks_requested", "chunks_from_upstream",
+                                "evicted", "failed_fetches")} | {"ttft_p50_s": run["ttft_s"]["p50"]}
 
 
 async def one_upstream(name: str, args: argparse.Namespace, layout: KVLayout, trace_scale: int, contexts: list[int]) -> dict:
@@ -146,9 +166,20 @@ def targets(result: dict) -> dict[str, bool]:
         "cold kv-get: one upstream GET per chunk, never one per slice": all(set(r["paths"]["cold"]["upstream_chunk_gets"]) == {r["chunks"]}
                                                                            for _, r in rows),
         "warm beats S3-CW everywhere": all(r["paths"]["warm"]["vs_s3_cw"] > 1 for _, r in rows),
+        "online: the default cache.policy's prefix hit ratio at or above lru's": all(
+            u["trace"]["policies"][u["trace"]["default_policy"]]["prefix_hit_ratio"] >= u["trace"]["policies"]["lru"]["prefix_hit_ratio"]
+            for u in result["upstreams"].values() if "lru" in u["trace"]["policies"]),
         "small cache: within cache.max_bytes, some chunks from the upstream": all(
             t["cache_bytes_at_end"] <= t["cache_max_bytes"] for t in traces) and all((t["upstream_hit_ratio"] or 0) > 0 for t in small),
     }
+
+
+def _policies(text: str) -> list[str]:
+    names = [p for p in text.split(",") if p]
+    unknown = [p for p in names if p not in CACHE_POLICIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown cache.policy {', '.join(unknown)} (known: {', '.join(CACHE_POLICIES)})")
+    return names
 
 
 def _ratio(x: float | None) -> str:
@@ -181,6 +212,11 @@ def report(s: dict) -> None:
                      *(f"{r['no_cache_ttft_s'][p]:.4f}" for p, _ in PERCENTILES)])
     print_table(["upstream", "node", "cache / working set", "prefix hit ratio", "chunks requested", "local hit ratio", "upstream hit ratio",
                  "kv-gets refused (503)", *(f"TTFT {p}" for p, _ in PERCENTILES)], rows)
+    print("\nThe small cache's replay under each cache.policy (the online ordering; the offline replay is bench evict):\n")
+    print_table(["upstream", "cache.policy", "prefix hit ratio", "local hit ratio", "upstream hit ratio", "chunks evicted", "TTFT p50"],
+                [[name, f"{p}{' (default)' if p == u['trace']['default_policy'] else ''}", _ratio(r["prefix_hit_ratio"]), _ratio(r["local_hit_ratio"]),
+                  _ratio(r["upstream_hit_ratio"]), r["evicted"], f"{r['ttft_p50_s']:.4f}"]
+                 for name, u in s["upstreams"].items() for p, r in u["trace"]["policies"].items()])
     print_targets(s["targets"])
 
 
@@ -229,3 +265,6 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-fraction", type=float, default=0.2, help="the small cache's cache.max_bytes as a fraction of the trace's working set")
     p.add_argument("--max-tokens", type=int, default=8192, help="cap each trace prompt (0: no cap)")
     p.add_argument("--compression", type=float, default=1.0, help="divide trace timestamps by this")
+    p.add_argument("--policies", type=_policies, default=None,
+                   help=f"cache.policy values the small cache's trace replay runs under, comma-separated (default: all, {','.join(CACHE_POLICIES)}; "
+                        "--quick: lru beside the default)")

@@ -175,6 +175,13 @@ def test_bench_capacity_on_moto(tmp_path):
             assert 0 < ttft["p50"] <= ttft["p90"] <= ttft["p99"]
     assert small["evicted"] > 0 and large["evicted"] == 0
     assert small["upstream_hit_ratio"] > 0  # evicted hits come back from the upstream
+    # The small cache's replay under lru beside the default policy: the same kind of row for each.
+    policies = trace["policies"]
+    assert set(policies) == {"lru", trace["default_policy"]} and policies[trace["default_policy"]]["prefix_hit_ratio"] == small["prefix_hit_ratio"]
+    for row in policies.values():
+        assert 0 < row["prefix_hit_ratio"] < 1 and row["chunks_requested"] > 0 and row["evicted"] >= 0
+        assert math.isclose(row["local_hit_ratio"] + row["upstream_hit_ratio"], 1)
+        assert row["chunks_from_upstream"] == round(row["upstream_hit_ratio"] * row["chunks_requested"])
     assert trace["file"] == "bench/data/mooncake_synthetic_trace_sample.jsonl"
 
 
