@@ -428,10 +428,10 @@ class ObjectCacheClient:
         start later than this after it received the kv-get (the layers before
         it are delivered); the caller recomputes the rest.
         ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers),
-        ``"client"`` (http only: the node sends them as stored, fewer bytes on the link, and this
-        process decodes them on its own bounded pool, ``decode_threads``) or ``"auto"`` (over http the
-        node picks per kv-get from the link rate — its bandwidth pool's grant, else ``link_gbps`` — and
-        both sides' measured decode rates, ``storage_server.decode_choice``; shm and rdma: the node).
+        ``"client"`` (http and rdma: the node sends them as stored, fewer bytes on the link, and this
+        process decodes them on its own bounded pool, ``decode_threads``) or ``"auto"`` (over http and
+        rdma the node picks per kv-get from the link rate — its bandwidth pool's grant, else ``link_gbps`` —
+        and both sides' measured decode rates, ``storage_server.decode_choice``; shm: the node).
         """
         if decode not in ("auto", "node", "client"):
             raise ValueError(f"decode must be 'auto', 'node' or 'client', not {decode!r}")
@@ -450,7 +450,7 @@ class ObjectCacheClient:
         frames: FrameStream | DirectFrameStream | None = None
         opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
         dest: Destination | None = None
-        auto = decode == "auto" and kind == TransportKind.HTTP
+        auto = decode == "auto" and kind in (TransportKind.HTTP, TransportKind.RDMA)
         decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
 
         unreachable: list[str] = []  # peers a grant named whose data endpoint did not answer: the kv-get was asked again

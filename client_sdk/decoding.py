@@ -1,7 +1,8 @@
 """Decoding compressed chunks in the SDK (``fetch_layers(..., decode="client")``, or ``"auto"`` when the node picks the
-client; http only).
+client; http and rdma).
 
-The node then sends each chunk's layer slice as stored (an ENCODED frame); this process decodes it
+The node then sends each chunk's layer slice as stored (an ENCODED frame over http; over rdma the layer's slices
+packed into its place, a PACKED frame, copied out first); this process decodes it
 straight into its place in the destination on a bounded pool of its own threads (zstd and numpy
 release the GIL), apart from the engine's compute thread. A layer is handed to the caller only
 when every slice of it is decoded; at most ``2 × threads`` slices wait in memory, so a fast link

@@ -14,6 +14,7 @@ from awscrt.checksums import crc32c
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import HEADER_GATEWAY_S, HEADER_MODE, HEADER_PAYLOAD_BYTES
+from protocol.packed_layer import unpack as unpack_packed
 from protocol.wire import Frame, FrameType, TransferStats
 
 from .decoding import LayerDecodes
@@ -196,6 +197,8 @@ class LayerStream:
                 await self._frames.read_into(self.payload[start : start + frame.length], frame.length, digests.received if digests else None)
             elif frame.type == FrameType.ENCODED:
                 await self._encoded(frame)
+            elif frame.type == FrameType.PACKED:
+                return await self._packed(frame)
             elif frame.type == FrameType.LAYER:
                 if frame.layer != self._next:
                     raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
@@ -223,6 +226,27 @@ class LayerStream:
                     await asyncio.gather(*self._decodes.pending, return_exceptions=True)
                 raise S3Error.from_dict(await self._frames.read_json(frame))
         raise StopAsyncIteration
+
+    async def _packed(self, frame: Frame) -> tuple[int, memoryview]:
+        """A PACKED frame (rdma, the client decodes): the layer's slices as stored landed in its own place; copied
+        out, then each decoded into its place on the decode pool, and the layer handed out once all are."""
+        s = self._slice_bytes
+        if self._decodes is None or s <= 0:
+            raise S3Error(ErrorCode.InternalError, "PACKED frame in a kv-get that did not ask to decode")
+        if frame.layer != self._next:
+            raise S3Error(ErrorCode.InternalError, f"layer {frame.layer} arrived before layer {self._next}")
+        view = self.layer(frame.layer)
+        if frame.length > len(view):
+            raise S3Error(ErrorCode.InternalError, f"PACKED frame of {frame.length} bytes for a layer of {len(view)}")
+        if self._landed is not None:
+            await self._landed(frame.layer)
+        packed = bytes(view[: frame.length])  # the slices decode into this same place
+        for j, (data, crc) in enumerate(unpack_packed(f"layer {frame.layer}", memoryview(packed), self.layer_bytes // s)):
+            await self._decodes.start(f"layer {frame.layer} chunk #{j}", data, view[j * s : (j + 1) * s], crc if self.verify else None)
+        await self._decodes.finish()
+        self._next += 1
+        self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
+        return frame.layer, view
 
     async def _encoded(self, frame: Frame) -> None:
         """An ENCODED frame: its slice decoded into ``[offset, offset + S)`` on the decode pool."""

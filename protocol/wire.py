@@ -62,11 +62,11 @@ class DescriptorFlag(IntFlag):
     # The key suffixes are lowercase hex of one width, sent as their raw bytes: one byte (the raw width) then
     # count·width bytes instead of newline-separated text (content hashes: half the bytes, no separators).
     BINARY_KEY_SUFFIXES = 4
-    CLIENT_DECODES = 8  # http only: compressed chunks travel as ENCODED frames and the client decodes them
+    CLIENT_DECODES = 8  # http and rdma: compressed chunks travel as stored (ENCODED / PACKED frames), the client decodes them
     # http only: a uint32 first layer follows (the load budget): the frames start at that layer, the ones before it
     # are in the client's hands already (a kv-get resumed after the stream serving it broke, see client_sdk.stream)
     FIRST_LAYER = 16
-    # http only: the client can decode, the node picks the site per kv-get (scheduler.decode_site); the client's
+    # http and rdma: the client can decode, the node picks the site per kv-get (scheduler.decode_site); the client's
     # decode workers, decode rate and declared link rate (_DECODE_AUTO) follow the first layer.
     DECODE_AUTO = 32
 
@@ -116,10 +116,12 @@ class Descriptor:
     # Seconds from the storage server's receipt by which the load must be in place (0: none). The server cuts a
     # layerwise transfer at the first layer boundary it expects to cross the budget (KVLoadBudgetExceeded).
     load_budget_s: float = 0.0
-    client_decodes: bool = False  # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk) for the client to decode
+    # http: every layer slice comes as an ENCODED frame (protocol.compressed_chunk), rdma: each layer packed (protocol.packed_layer)
+    # in place of its raw bytes (PACKED frame), for the client to decode
+    client_decodes: bool = False
     # http: the layers before this one are not sent (the client holds them from a stream that broke; offsets stay the whole payload's)
     first_layer: int = 0
-    # http: the client can decode; the node chooses per kv-get (DECODE_AUTO). Not with client_decodes.
+    # http and rdma: the client can decode; the node chooses per kv-get (DECODE_AUTO). Not with client_decodes.
     decode_auto: bool = False
     client_decode_workers: int = 0
     client_decode_bytes_per_s: float = 0.0  # per core, measured by the client (0: not yet)
@@ -391,12 +393,12 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad(name, str(e)) from None
     if flags & ~_KNOWN_FLAGS:
         raise _bad("flags", f"unknown flag bits {flags:#06x}")
-    if flags & DescriptorFlag.CLIENT_DECODES and transport_v != TransportKind.HTTP:
-        raise _bad("flags", "CLIENT_DECODES needs the http transport (the server writes decoded layers into shm and rdma memory)")
+    if flags & DescriptorFlag.CLIENT_DECODES and transport_v == TransportKind.SHM:
+        raise _bad("flags", "CLIENT_DECODES needs the http or rdma transport (the server writes decoded layers into shm memory)")
     if flags & DescriptorFlag.FIRST_LAYER and transport_v != TransportKind.HTTP:
         raise _bad("flags", "FIRST_LAYER needs the http transport (a resumed stream; shm and rdma memory is written by the server)")
-    if flags & DescriptorFlag.DECODE_AUTO and (transport_v != TransportKind.HTTP or flags & DescriptorFlag.CLIENT_DECODES):
-        raise _bad("flags", "DECODE_AUTO needs the http transport and excludes CLIENT_DECODES")
+    if flags & DescriptorFlag.DECODE_AUTO and (transport_v == TransportKind.SHM or flags & DescriptorFlag.CLIENT_DECODES):
+        raise _bad("flags", "DECODE_AUTO needs the http or rdma transport and excludes CLIENT_DECODES")
     if not 1 <= layers <= MAX_LAYERS:
         raise _bad("num_layers", f"{layers} is outside 1..{MAX_LAYERS}")
     if tokens < 1:
@@ -505,6 +507,9 @@ class FrameType(IntEnum):
     # (protocol.compressed_chunk.SLICE_HEAD) and the encoded bytes; it decodes to [offset, offset + S) of the
     # destination; checksum = CRC32C of the encoded bytes. The layer's LAYER frame then carries checksum 0.
     ENCODED = 5
+    # rdma, the client decodes: layer `layer`'s slices as stored landed packed (protocol.packed_layer) at
+    # [offset, offset+length) of the destination, in place of its raw bytes; sent instead of its LAYER frame.
+    PACKED = 6
 
 
 FRAME = struct.Struct("<BBHIQQI")  # type, flags, reserved, layer, offset, length, checksum

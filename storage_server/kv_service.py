@@ -35,10 +35,11 @@ from protocol.kv_http import (
     hex_field,
     proof_bytes,
 )
+from protocol.packed_layer import ENTRY
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.verbs import VerbsDevice
-from protocol.wire import Descriptor, TransferStats, decode_descriptor, decode_keys, decode_put_batch
+from protocol.wire import Descriptor, TransferStats, TransportKind, decode_descriptor, decode_keys, decode_put_batch
 from scheduler.policies import TransferDemand
 
 from .bandwidth import GBPS, BandwidthPool, Lease
@@ -365,9 +366,15 @@ class KVService:
         if reads.headers is None:
             return {}
         if not (d.decode_auto or d.client_decodes):
-            return {"site": "node", "reason": "decode='node' (shm and rdma always)", "wire_bytes": d.payload_bytes}
+            return {"site": "node", "reason": "decode='node' (shm always)", "wire_bytes": d.payload_bytes}
         s = d.per_layer_chunk_bytes
-        wire = sum(wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers))
+        per_layer = [wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers)]
+        wire = sum(per_layer)
+        if d.target.transport == TransportKind.RDMA:
+            n = len(reads.headers)
+            if any(w + ENTRY.size * n > n * s for w in per_layer):  # packed into each layer's raw place (protocol.packed_layer)
+                reads.send_encoded = False
+                return {"site": "node", "reason": "rdma: a layer's slices as stored do not fit in its raw place", "wire_bytes": d.payload_bytes}
         if d.client_decodes:
             return {"site": "client", "reason": "the client asked (decode='client')", "wire_bytes": wire}
         choice = choose_site(d, reads.headers, lease.rate if lease is not None else None, self.executor.decoder.status(),

@@ -7,6 +7,10 @@ control plane); the descriptor names the region by id and capability token exact
 its layer-major place, and sends LAYER ℓ on the HTTP stream once the write has landed, in
 layer order. The HTTP request stays the control plane: errors and END statistics travel there.
 
+A kv-get whose client decodes (CLIENT_DECODES, or DECODE_AUTO's choice) gets each layer's slices as stored,
+packed into the layer's own place (:mod:`protocol.packed_layer`) with one WRITE, and a PACKED frame
+instead of the LAYER frame.
+
 The region's link is its engine (``storage_server.rdma_engine``): :class:`~.nixl_engine.NixlLink`
 (NIXL over UCX: verbs, CMA or TCP) or :class:`~.verbs_engine.VerbsConnection` (an RC queue pair
 of its own; each layer is also announced by a WRITE_WITH_IMM tagged with this transfer's tag,
@@ -16,14 +20,15 @@ which the client learns from the ``x-oc-rdma-tag`` response header).
 from __future__ import annotations
 
 import mmap
-
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from protocol.errors import ErrorCode, S3Error
+from protocol.packed_layer import ENTRY
 from protocol.rdma_token import RdmaToken
+from protocol.wire import FrameType, pack_frame
 
 from ..plan import Staging
 from ..regions import Region
@@ -70,6 +75,9 @@ class RdmaTransport(Transport):
         self._buffers: list[tuple[np.ndarray, object]] = []  # staging piece and its registration
         self._turn = 0
         self._payload: tuple[np.ndarray, object] | None = None
+        self._packed: tuple[np.ndarray, object] | None = None  # the layer being packed (client decodes), registered
+        self._packed_layer, self._packed_at = -1, 0
+        self.num_chunks = num_chunks
         self.link = region.link
         self.tag = self.link.begin()
         region.hold()
@@ -110,7 +118,7 @@ class RdmaTransport(Transport):
     def _handle(self, data: memoryview) -> object:
         """The registration of the staging buffer ``data`` is a view of."""
         base = np.frombuffer(data, np.uint8).ctypes.data
-        for buf, handle in self._buffers + ([self._payload] if self._payload else []):
+        for buf, handle in self._buffers + [b for b in (self._payload, self._packed) if b]:
             if buf.ctypes.data <= base < buf.ctypes.data + buf.nbytes:
                 return handle
         raise AssertionError("a piece outside the registered staging buffers")
@@ -122,8 +130,27 @@ class RdmaTransport(Transport):
         await self._write(data, self.piece_offset(layer, first))
 
     async def layer_ready(self, layer: int, checksum: int) -> None:
+        if layer == self._packed_layer and self._packed is not None:  # its slices as stored: one WRITE, then PACKED
+            await self._write(memoryview(self._packed[0])[: self._packed_at], self.layer_offset(layer))
+            await self.link.notify(self.tag, layer)
+            await self.frames.send(pack_frame(FrameType.PACKED, layer, self.layer_offset(layer), self._packed_at, 0))
+            return
         await self.link.notify(self.tag, layer)
         await super().layer_ready(layer, checksum)
+
+    async def deliver_encoded(self, layer: int, chunk: int, payload: bytes, checksum: int) -> None:
+        """Chunk ``chunk``'s slice of ``layer`` as stored, packed into the layer's buffer (chunks come in order)."""
+        if self._packed is None:
+            self._packed = self._registered(self.layer_bytes)
+        buf = self._packed[0]
+        if layer != self._packed_layer:
+            self._packed_layer, self._packed_at = layer, ENTRY.size * self.num_chunks
+        end = self._packed_at + len(payload)
+        if end > self.layer_bytes:  # the node checks every layer fits before it chooses to send slices as stored
+            raise S3Error(ErrorCode.InternalError, f"layer {layer}'s slices as stored do not fit in its {self.layer_bytes} bytes")
+        buf[self._packed_at : end] = np.frombuffer(payload, np.uint8)
+        ENTRY.pack_into(buf, ENTRY.size * chunk, len(payload), checksum)
+        self._packed_at = end
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         await self._write(data, self.base_offset)
@@ -131,8 +158,8 @@ class RdmaTransport(Transport):
             await self.layer_ready(layer, crc)
 
     def close(self) -> None:
-        for _, handle in self._buffers + ([self._payload] if self._payload else []):
+        for _, handle in self._buffers + [b for b in (self._payload, self._packed) if b]:
             self.link.deregister(handle)
         self._buffers.clear()
-        self._payload = None
+        self._payload = self._packed = None
         self.region.release()

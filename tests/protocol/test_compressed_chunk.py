@@ -124,11 +124,12 @@ def test_the_kv_put_shape_header_is_strict():
         assert e.value.code == ErrorCode.InvalidArgument and e.value.extra["Field"] == field, value
 
 
-def test_the_client_decodes_flag_round_trips_and_is_http_only():
+def test_the_client_decodes_flag_round_trips_over_http_and_rdma_and_is_refused_over_shm():
     from protocol.wire import Descriptor, Target, TransportKind, decode_descriptor, encode_descriptor
 
-    d = Descriptor(["a/1", "a/2"], 4, 16, 1024, Target(TransportKind.HTTP, length=2 * 4 * 1024), client_decodes=True)
-    assert decode_descriptor(encode_descriptor(d)) == d
+    for kind in (TransportKind.HTTP, TransportKind.RDMA):
+        d = Descriptor(["a/1", "a/2"], 4, 16, 1024, Target(kind, length=2 * 4 * 1024), client_decodes=True)
+        assert decode_descriptor(encode_descriptor(d)) == d
     assert not decode_descriptor(encode_descriptor(Descriptor(["a/1"], 4, 16, 1024, Target(length=4096)))).client_decodes
     shm = Descriptor(["a/1"], 4, 16, 1024, Target(TransportKind.SHM, length=4096), client_decodes=True)
     with pytest.raises(S3Error) as e:
@@ -136,13 +137,14 @@ def test_the_client_decodes_flag_round_trips_and_is_http_only():
     assert e.value.extra["Field"] == "flags"
 
 
-def test_the_decode_auto_flag_carries_the_clients_figures_and_is_http_only():
+def test_the_decode_auto_flag_carries_the_clients_figures_and_is_refused_over_shm():
     from protocol.wire import Descriptor, Target, TransportKind, decode_descriptor, encode_descriptor
 
     http = Target(TransportKind.HTTP, length=2 * 4 * 1024)
-    d = Descriptor(["a/1", "a/2"], 4, 16, 1024, http, (0.001,), load_budget_s=0.5, decode_auto=True, client_decode_workers=3,
-                   client_decode_bytes_per_s=2.5e8, client_link_bytes_per_s=1.25e8)
-    assert decode_descriptor(encode_descriptor(d)) == d  # after the load budget, before the keys
+    for target in (http, Target(TransportKind.RDMA, length=2 * 4 * 1024)):
+        d = Descriptor(["a/1", "a/2"], 4, 16, 1024, target, (0.001,), load_budget_s=0.5, decode_auto=True, client_decode_workers=3,
+                       client_decode_bytes_per_s=2.5e8, client_link_bytes_per_s=1.25e8)
+        assert decode_descriptor(encode_descriptor(d)) == d  # after the load budget, before the keys
     for bad in (Descriptor(["a/1"], 4, 16, 1024, Target(TransportKind.SHM, length=4096), decode_auto=True, client_decode_workers=1),
                 Descriptor(["a/1"], 4, 16, 1024, http, decode_auto=True, client_decode_workers=1, client_decodes=True)):
         with pytest.raises(S3Error) as e:
@@ -163,3 +165,24 @@ def test_an_encoded_frames_slice_header_is_strict():
         with pytest.raises(S3Error) as e:
             unpack_slice_head("layer 2 chunk #5", bad)
         assert e.value.extra["Field"] == field and e.value.extra["Key"] == "layer 2 chunk #5"
+
+
+def test_a_packed_layer_unpacks_into_its_slices_and_a_bad_table_is_refused():
+    from protocol.compressed_chunk import SLICE_HEAD
+    from protocol.packed_layer import ENTRY, fits, packed_bytes, unpack
+
+    slices = [bytes([j]) * (SLICE_HEAD.size + 3 + j) for j in range(3)]
+    data = bytearray(packed_bytes([len(x) for x in slices]))
+    pos = ENTRY.size * 3
+    for j, x in enumerate(slices):
+        ENTRY.pack_into(data, ENTRY.size * j, len(x), 100 + j)
+        data[pos : pos + len(x)] = x
+        pos += len(x)
+    got = unpack("layer 0", memoryview(bytes(data)), 3)
+    assert [(bytes(v), crc) for v, crc in got] == [(x, 100 + j) for j, x in enumerate(slices)]
+    assert fits([10, 10], SLICE_HEAD.size + 10 + ENTRY.size) and not fits([10, 10], SLICE_HEAD.size + 10 + ENTRY.size - 1)
+    ENTRY.pack_into(data, ENTRY.size * 2, 10_000, 0)  # the last entry runs past the layer
+    with pytest.raises(S3Error, match="packed entry 2"):
+        unpack("layer 0", memoryview(bytes(data)), 3)
+    with pytest.raises(S3Error, match="table"):
+        unpack("layer 0", memoryview(bytes(data[:10])), 3)

@@ -184,30 +184,58 @@ def test_a_put_whose_chunks_do_not_match_its_stated_shape_is_refused(node):
     assert e.value.code == ErrorCode.KVChunkSizeMismatch and keys[0] in e.value.message
 
 
-@pytest.mark.parametrize("direct", [False, True])
+SDK_DECODE_PATHS = [pytest.param(("http", False), id="http-gateway"), pytest.param(("http", True), id="http-direct"),
+                    pytest.param(("rdma", False), id="rdma", marks=TRANSPORTS[2].marks)]
+
+
+@pytest.mark.parametrize("path", SDK_DECODE_PATHS)
 @pytest.mark.parametrize("chunk_tokens", [16, 64, 256])
-def test_the_sdk_decodes_when_asked_and_the_link_carries_the_stored_bytes(node, chunk_tokens, direct):
-    """decode="client" (http): raw and compressed (lossless) chunks arrive as stored and the SDK's pool decodes them, exact."""
+def test_the_sdk_decodes_when_asked_and_the_link_carries_the_stored_bytes(node, chunk_tokens, path):
+    """decode="client": raw and compressed (lossless) chunks arrive as stored (http: ENCODED frames; rdma: each layer
+    packed into its place, PACKED frames) and the SDK's pool decodes them, exact."""
     proc, alice, s3 = node
+    transport, direct = path
     layout = kv_layout(chunk_tokens)
     chunks = kv_chunks(layout, 6, seed=30 + chunk_tokens)
-    keys = keys_for(layout, 6, f"sdk-decode-{chunk_tokens}-{direct}")
+    keys = keys_for(layout, 6, f"sdk-decode-{chunk_tokens}-{transport}-{direct}")
 
     async def go():
         async with client(proc, alice, "kvz") as c:
             c.direct = direct
-            await c.put_chunks(keys[:2], chunks[:2], layout)
-            await c.put_chunks(keys[2:], chunks[2:], layout, codec="zstd")
+            await c.put_chunks(keys[:1], chunks[:1], layout)
+            await c.put_chunks(keys[1:], chunks[1:], layout, codec="zstd")
             got = []
-            async with c.fetch_layers(keys, layout, "http", decode="client", verify=True) as layers:
+            async with c.fetch_layers(keys, layout, transport, decode="client", verify=True) as layers:
                 async for layer, view in layers:
                     got.append((layer, bytes(view)))  # handed out only once decoded: compared below
-                return got, layers.payload
-    got, _ = run(go())
+            return got, layers.stats
+    got, stats = run(go())
     expected = reference(layout, chunks)
     assert [layer for layer, _ in got] == list(range(layout.num_layers))
     for layer, view in got:
         assert view == expected[layer].tobytes()
+    site = stats.server.decode_site
+    assert site["site"] == "client" and site["wire_bytes"] < layout.payload_bytes(6), site  # the link carried the stored bytes
+
+
+@pytest.mark.parametrize("transport", [TRANSPORTS[2]])
+def test_over_rdma_a_layer_whose_stored_slices_outgrow_its_place_is_decoded_by_the_node(node, transport):
+    proc, alice, _ = node
+    layout = kv_layout(16)
+    rng = np.random.default_rng(3)
+    chunks = [rng.integers(0, 256, layout.chunk_bytes, dtype=np.uint8) for _ in range(3)]  # noise: zstd only adds bytes
+    keys = keys_for(layout, 3, "rdma-outgrown")
+    payload, stats = _put_and_fetch_decoded(proc, alice, layout, chunks, keys, transport)
+    assert np.array_equal(payload, reference(layout, chunks))
+    assert stats.server.decode_site["site"] == "node" and "do not fit" in stats.server.decode_site["reason"], stats.server.decode_site
+
+
+def _put_and_fetch_decoded(proc, tenant, layout, chunks, keys, transport):
+    async def go():
+        async with client(proc, tenant, "kvz") as c:
+            await c.put_chunks(keys, chunks, layout, codec="zstd")
+            return await c.fetch(keys, layout, transport, decode="client", verify=True)
+    return run(go())
 
 
 def test_the_sdk_refuses_a_corrupt_slice_naming_it(node):
@@ -233,7 +261,7 @@ async def _put_client(proc, tenant, keys, chunks, layout):
         await c.put_chunks(keys, chunks, layout, codec="zstd")
 
 
-def test_client_decoding_is_http_only(node):
+def test_client_decoding_is_refused_over_shm(node):
     proc, alice, _ = node
     layout = kv_layout(16)
 

@@ -2,7 +2,8 @@
 charges the bytes the link carries.
 
 One ``objectcache serve`` with a slow bandwidth pool (``capacity_gbps = 0.08``): a layerwise kv-get of chunks
-stored compressed is granted that rate, so the node sends them as stored (the client decodes); a chunkwise one
+stored compressed is granted that rate, so the node sends them as stored (the client decodes; over http as
+ENCODED frames, over rdma packed into each layer's place); a chunkwise one
 bypasses the pool and is decided by the link rate the client declares (unknown: the node decodes).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from compressionsupport import kv_chunks, kv_layout
-from kvsupport import client, keys_for, reference, run
+from kvsupport import TRANSPORTS, client, keys_for, reference, run
 from support import ServerProcess, boto_client, make_tenants, write_config
 
 from scheduler.codec_choice import CodecProfile
@@ -32,7 +33,7 @@ def node(tmp_path_factory):
         proc.stop()
 
 
-def _fetches(proc, alice, name: str, fetches: list[dict], link_gbps: float = 0.0):
+def _fetches(proc, alice, name: str, fetches: list[dict], link_gbps: float = 0.0, transport: str = "http"):
     """Put 8 zstd chunks, fetch them once decoded by the node (its decoders measured), then per ``fetches``."""
     layout = kv_layout(64)
     chunks = kv_chunks(layout, 8, seed=len(name))
@@ -41,9 +42,9 @@ def _fetches(proc, alice, name: str, fetches: list[dict], link_gbps: float = 0.0
     async def go():
         async with client(proc, alice, "kvz") as c:
             await c.put_chunks(keys, chunks, layout, codec="zstd")
-            await c.fetch(keys, layout, "http", decode="node", verify=True)
+            await c.fetch(keys, layout, transport, decode="node", verify=True)
             c.link_gbps = link_gbps
-            return [await c.fetch(keys, layout, "http", verify=True, **kw) for kw in fetches]
+            return [await c.fetch(keys, layout, transport, verify=True, **kw) for kw in fetches]
     expected = reference(layout, chunks)
     out = run(go())
     for payload, _ in out:
@@ -51,9 +52,10 @@ def _fetches(proc, alice, name: str, fetches: list[dict], link_gbps: float = 0.0
     return layout, [stats for _, stats in out]
 
 
-def test_a_slow_paced_link_sends_the_stored_bytes_and_charges_them(node):
+@pytest.mark.parametrize("transport", ["http", TRANSPORTS[2]])
+def test_a_slow_paced_link_sends_the_stored_bytes_and_charges_them(node, transport):
     proc, alice = node
-    layout, [stats] = _fetches(proc, alice, "paced", [{"mode": "layerwise"}])
+    layout, [stats] = _fetches(proc, alice, f"paced-{transport}", [{"mode": "layerwise"}], transport=transport)
     site, alloc = stats.server.decode_site, stats.server.allocation
     assert site["site"] == "client", stats.server
     assert 0 < site["wire_bytes"] < layout.payload_bytes(8)  # compressed bytes on the link
