@@ -5,6 +5,9 @@ Chunks stored compressed reach the engine one of two ways (``fetch_layers(decode
 * **node** — the node decodes (``d_n = s / (D·w_n)`` per layer), then the link carries raw bytes (``s / r``);
 * **client** — the link carries the stored bytes (``s / (k·r)``), then the SDK decodes (``d_c = s / (D·w_c)``).
 
+Where the node holds decoded copies of a share ``f`` of the chunks (``compression.decoded_copies_bytes``), it
+decodes only the rest: ``d_n·(1 − f)``; the client would get the stored bytes of all of them.
+
 Both are pipelines over the layers followed by the engine's compute (:func:`.codec_choice.pipeline_stall`);
 the site with the smaller modelled stall wins. Ties, an unknown rate or no SDK workers go to the node: the
 client's decode runs on the engine's host, beside its compute — the interference ShadowServe avoids — so it
@@ -38,6 +41,8 @@ class DecodeSiteRequest:
     compute_per_layer_s: float = 0.0
     # The client's own decode rate per core when it measured one (None: the same as ``stored``'s, the node's figure).
     client_decode_bytes_per_s_per_core: float | None = None
+    # The share of the payload the node would read from decoded copies (nothing to decode) if it decoded.
+    node_decoded_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         check_transfer(self.num_layers, self.payload_bytes, self.compute_per_layer_s)
@@ -45,6 +50,8 @@ class DecodeSiteRequest:
             raise ValueError(f"node_workers must be at least 1 (the node always decodes what it serves raw), not {self.node_workers}")
         if self.client_workers < 0:
             raise ValueError(f"client_workers must be >= 0, not {self.client_workers}")
+        if not 0.0 <= self.node_decoded_fraction <= 1.0:
+            raise ValueError(f"node_decoded_fraction must be within 0..1, not {self.node_decoded_fraction}")
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,8 @@ def choose_decode_site(req: DecodeSiteRequest) -> DecodeSite:
     def d(decode: float, workers: int) -> float:
         return 0.0 if math.isinf(decode) else per_layer / (decode * workers)
 
-    node = pipeline_stall([d(p.decode_bytes_per_s_per_core, req.node_workers), per_layer / r], req.num_layers, req.compute_per_layer_s)
+    node_decode = d(p.decode_bytes_per_s_per_core, req.node_workers) * (1.0 - req.node_decoded_fraction)
+    node = pipeline_stall([node_decode, per_layer / r], req.num_layers, req.compute_per_layer_s)
     client = pipeline_stall([per_layer / p.ratio / r, d(client_rate, req.client_workers)], req.num_layers, req.compute_per_layer_s)
     if client < node:
         return DecodeSite("client", node, client, f"client: {client:.4g}s vs node {node:.4g}s (fewer bytes on a slow link)")

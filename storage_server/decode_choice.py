@@ -36,9 +36,10 @@ def node_decode_figures(status: Mapping[str, Mapping[str, float]]) -> tuple[floa
 
 
 def choose_site(d: Descriptor, headers: Sequence[ChunkHeader | None], granted_bytes_per_s: float | None,
-                pipeline_status: Mapping[str, Mapping[str, float]], compute_per_layer_s: float) -> DecodeSite:
+                pipeline_status: Mapping[str, Mapping[str, float]], compute_per_layer_s: float, copied: int = 0) -> DecodeSite:
     """Where this DECODE_AUTO kv-get's compressed chunks are decoded. The link rate: the pool's grant when the
-    transfer is paced, else the rate the client declared (0: unknown)."""
+    transfer is paced, else the rate the client declared (0: unknown); ``copied``: how many of them the node holds
+    decoded copies of (it would not decode those)."""
     s = d.per_layer_chunk_bytes
     wire = sum(wire_layer_bytes(headers, layer, s) for layer in range(d.num_layers))
     per_core, pipeline = node_decode_figures(pipeline_status)
@@ -47,5 +48,7 @@ def choose_site(d: Descriptor, headers: Sequence[ChunkHeader | None], granted_by
     node_workers = max(1, round(pipeline / per_core)) if pipeline > 0 and per_core > 0 else 1
     rate = granted_bytes_per_s if granted_bytes_per_s else (d.client_link_bytes_per_s or None)
     stored = CodecProfile("stored", d.payload_bytes / wire if wire else 1.0, per_core if per_core > 0 else float("nan"))
+    compressed = sum(h is not None for h in headers)
     return choose_decode_site(DecodeSiteRequest(rate, d.payload_bytes, d.num_layers, stored, node_workers, d.client_decode_workers,
-                                                compute_per_layer_s, d.client_decode_bytes_per_s or None))
+                                                compute_per_layer_s, d.client_decode_bytes_per_s or None,
+                                                copied / compressed if compressed else 0.0))

@@ -107,13 +107,14 @@ class DecodedCopies:
                 taken.fds.append(fd)
                 taken.ids[j] = None
                 fds[j], offsets[j], headers[j] = fd, 0, None
-            self.hits += taken.count
         return fds, offsets, headers, taken
 
-    def release(self, taken: Taken) -> None:
+    def release(self, taken: Taken, used: bool = True) -> None:
+        """The kv-get is over (``used``: it read the copies; False: it sent the stored bytes instead)."""
         for fd in taken.fds:
             os.close(fd)
         with self._lock:
+            self.hits += taken.count if used else 0
             for ident in taken.used:
                 if (copy := self._copies.get(ident)) is not None:
                     copy.readers -= 1

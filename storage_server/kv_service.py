@@ -338,12 +338,17 @@ class KVService:
             # First: it must refuse a layer before the lease reserves (and sleeps for) its bytes.
             pacers.insert(0, LoadDeadline(info.arrived + info.descriptor.load_budget_s, info.descriptor.load_budget_s,
                                           lease.bucket if lease is not None else None, self.pool.clock if self.pool is not None else time.monotonic))
-        site = self._decode_site(info, reads, lease)
         taken = None
         try:
-            if self.copies is not None and reads.headers is not None and not reads.send_encoded:
-                reads.fds, reads.offsets, headers, taken = await asyncio.get_running_loop().run_in_executor(
+            if self.copies is not None and reads.headers is not None and not reads.send_encoded:  # the node may decode
+                fds, offsets, headers, taken = await asyncio.get_running_loop().run_in_executor(
                     self.executor.pool, self.copies.take, reads.fds, reads.offsets, reads.headers)
+            site = self._decode_site(info, reads, lease, taken.count if taken is not None else 0)
+            if taken is not None and reads.send_encoded:  # the client decodes: the stored bytes, not the copies
+                self.copies.release(taken, used=False)  # type: ignore[union-attr]
+                taken = None
+            elif taken is not None:
+                reads.fds, reads.offsets = fds, offsets
                 reads.headers = headers if any(h is not None for h in headers) else None
                 site["decoded_copies"] = taken.count
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
@@ -359,7 +364,7 @@ class KVService:
             if lease is not None and self.pool is not None:
                 self.pool.leave(lease)
 
-    def _decode_site(self, info: TransferInfo, reads: ReadPlan, lease: Lease | None) -> dict[str, Any]:
+    def _decode_site(self, info: TransferInfo, reads: ReadPlan, lease: Lease | None, copied: int = 0) -> dict[str, Any]:
         """DECODE_AUTO with chunks stored compressed: decode here or send them as stored (``reads.send_encoded``),
         by the break-even model over the pool's grant (or the client's declared rate) and the measured decoders."""
         d = info.descriptor
@@ -378,7 +383,7 @@ class KVService:
         if d.client_decodes:
             return {"site": "client", "reason": "the client asked (decode='client')", "wire_bytes": wire}
         choice = choose_site(d, reads.headers, lease.rate if lease is not None else None, self.executor.decoder.status(),
-                             info.plan.compute_per_layer_s)
+                             info.plan.compute_per_layer_s, copied)
         reads.send_encoded = choice.site == "client"
         return {"site": choice.site, "reason": choice.reason, "wire_bytes": wire if reads.send_encoded else d.payload_bytes}
 

@@ -66,3 +66,17 @@ def test_the_clients_own_measured_decode_rate_is_used_for_its_side():
     slow = DecodeSiteRequest(1 * GBPS, PAYLOAD, 32, ZSTD, 4, 2, 0.0, client_decode_bytes_per_s_per_core=ZSTD.decode_bytes_per_s_per_core / 100)
     site = choose_decode_site(slow)
     assert site.site == "node" and site.client_stall_s > fast_client.client_stall_s
+
+
+def test_decoded_copies_in_the_node_take_its_decode_off_the_scale():
+    """A fast link, decoders slower than it on both sides, the node's with fewer workers: the client wins, unless the
+    node holds decoded copies of the chunks, when the node's side is the raw link alone."""
+    slow = CodecProfile("zstd", 1.5, 0.2e9)
+    base = DecodeSiteRequest(40 * GBPS, PAYLOAD, 32, slow, 1, 2, 0.0)
+    assert choose_decode_site(base).site == "client"
+    half = choose_decode_site(DecodeSiteRequest(**{**base.__dict__, "node_decoded_fraction": 0.5}))
+    whole = choose_decode_site(DecodeSiteRequest(**{**base.__dict__, "node_decoded_fraction": 1.0}))
+    assert whole.site == "node" and whole.node_stall_s < half.node_stall_s < choose_decode_site(base).node_stall_s
+    assert whole.node_stall_s == pytest.approx(PAYLOAD / (40 * GBPS), rel=1e-9)  # nothing decoded: the raw bytes on the link
+    with pytest.raises(ValueError, match="node_decoded_fraction"):
+        DecodeSiteRequest(**{**base.__dict__, "node_decoded_fraction": 1.5})

@@ -125,3 +125,23 @@ def test_copies_stay_within_their_budget_and_an_evicted_one_is_decoded_again(nod
     payload, stats = _fetch(proc, alice, keys[:4], "shm")
     assert np.array_equal(payload, reference(LAYOUT, chunks[:4]))
     assert stats.server.decode_site["decoded_copies"] == 0, stats.server.decode_site  # evicted: decoded again
+
+
+def test_decode_auto_on_a_slow_link_sends_the_stored_bytes_even_where_copies_exist(node):
+    proc, alice = node
+    keys, chunks = keys_for(LAYOUT, 4, "auto-slow"), kv_chunks(LAYOUT, 4, seed=11)
+    _put(proc, alice, keys, chunks)
+    _fetch(proc, alice, keys, "http", decode="node")
+    assert _copies_settled(proc)["chunks"] >= 4
+    _fetch(proc, alice, keys, "http", decode="client")  # the client's decode rate measured, as auto needs
+    hits = _status(proc)["decoded_copies"]["hits"]
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            c.link_gbps = 0.001  # declared: far slower than either side decodes
+            return await c.fetch(keys, LAYOUT, "http", verify=True, mode="chunkwise")
+    payload, stats = run(go())
+    assert np.array_equal(payload, reference(LAYOUT, chunks))
+    site = stats.server.decode_site
+    assert site["site"] == "client" and "decoded_copies" not in site, site  # fewer bytes on the link beat the copies
+    assert _status(proc)["decoded_copies"]["hits"] == hits
