@@ -1,44 +1,22 @@
-"""The ObjectCache wire contract — the one definition imported by gateway, storage_server and client_sdk.
-
-Everything that crosses a process boundary on the KV path is defined here:
-
-* **Descriptor** (body of ``POST /{bucket}?kv-get``): which chunk objects, the
-  model layout, where the payload goes, the compute window and the mode.
-* **Key list** (body of ``?kv-lookup``) and **put batch** (body of ``?kv-put``).
-* **Frames** streamed back (HTTP response body, and the storage-server RPC):
-  ``DATA`` (payload bytes, ``http`` transport), ``LAYER`` (layer ℓ is complete
-  in the destination, with its CRC32C), ``END`` (statistics) and ``ERROR``.
-
-All integers are little-endian. Keys travel as a shared prefix plus
-newline-separated suffixes, so encoding and decoding thousands of keys is a
-handful of C-level calls. Decoding is strict: any malformed input raises an
-:class:`S3Error` naming the field, never another exception.
-"""
+"""The kv-get descriptor (body of ``POST /{bucket}?kv-get``): which chunk objects, the model layout, where the
+payload goes, the compute window and the mode. Its keys use the key-list encoding of :mod:`.keys`."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
 import struct
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum, IntFlag
-from functools import cached_property
-from typing import Any
 
 import numpy as np
 
-from .errors import ErrorCode, S3Error
+from ..errors import ErrorCode
+from .keys import _ENCODED_MEMO, _KEY_MEMO, _bad, _binary_suffixes, _common_prefix, _decode_keys
 
 DESCRIPTOR_MAGIC = b"OCKV"
 DESCRIPTOR_VERSION = 1
-PUT_BATCH_MAGIC = b"OCPB"
-KEY_LIST_MAGIC = b"OCKL"
 MAX_PAYLOAD_BYTES = 1 << 48  # 256 TiB: far above any real payload, far below overflow
 MAX_LAYERS = 1 << 16
-MAX_KEY_BYTES = 1024  # an object key, a KV chunk's included (S3's limit; the gateway refuses longer keys with KeyTooLongError)
 MAX_DESCRIPTOR_BYTES = 64 << 20  # a kv-get descriptor or kv-lookup key list: what the gateway reads and the storage server accepts
 TOKEN_BYTES = 16
 REGION_ID_BYTES = 16
@@ -78,10 +56,6 @@ _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGE
 # DECODE_AUTO's fields: the client's decode workers, its measured decode rate (raw bytes/s per core; 0: not yet)
 # and the link rate it declares towards the node (bytes/s; 0: unknown).
 _DECODE_AUTO = struct.Struct("<Hdd")
-# Decoded key lists remembered by their bytes: a prefix fetched again decodes to the very same list with no
-# per-key work (and the storage server's resolved pins are found by that list). Bounded in lists and keys.
-KEY_MEMO_LISTS = 64
-KEY_MEMO_KEYS = 1 << 18
 
 
 class TransportKind(IntEnum):
@@ -140,135 +114,6 @@ class Descriptor:
     def chunk_object_bytes(self) -> int:
         return self.num_layers * self.per_layer_chunk_bytes
 
-
-def _bad(field_name: str, message: str, code: ErrorCode = ErrorCode.KVInvalidDescriptor) -> S3Error:
-    return S3Error(code, f"{field_name}: {message}", extra={"Field": field_name})
-
-
-# --- key lists -------------------------------------------------------------------
-
-class KeyList(list):
-    """A decoded key list (never to be modified: equal bytes decode to this same object, see :data:`KEY_MEMO_LISTS`)."""
-
-    @cached_property
-    def distinct(self) -> int:
-        """How many different keys it names (computed once per list)."""
-        return len(set(self))
-
-
-class _KeyMemo:
-    """Key lists already decoded (by their section's exact bytes) or encoded (by the keys), least recently used
-    dropped first; bounded in lists and in the keys they hold."""
-
-    def __init__(self, lists: int = KEY_MEMO_LISTS, keys: int = KEY_MEMO_KEYS) -> None:
-        self.lists, self.keys = lists, keys
-        self._memo: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
-        self._held = 0
-        self.hits = self.misses = 0
-
-    def get(self, raw: Any) -> Any:
-        found = self._memo.get(raw)
-        if found is not None:
-            self._memo.move_to_end(raw)
-            self.hits += 1
-            return found[0]
-        self.misses += 1
-        return None
-
-    def put(self, raw: Any, value: Any, count: int) -> None:
-        if count > self.keys or raw in self._memo:
-            return
-        self._memo[raw] = (value, count)
-        self._held += count
-        while len(self._memo) > self.lists or self._held > self.keys:
-            self._held -= self._memo.popitem(last=False)[1][1]
-
-
-_KEY_MEMO = _KeyMemo()
-_ENCODED_MEMO = _KeyMemo()  # a client fetching the same prefix again encodes its keys once
-
-_KEYS_HEAD = struct.Struct("<4sHI")  # magic, prefix length, key count
-
-
-def _common_prefix(keys: list[str]) -> str:
-    return os.path.commonprefix(keys) if keys else ""
-
-
-def encode_keys(keys: list[str]) -> bytes:
-    prefix = _common_prefix(keys)
-    # Never let the prefix swallow a whole key (an empty suffix is fine).
-    n = len(prefix)
-    suffixes = "\n".join(k[n:] for k in keys)
-    for k in keys:
-        if "\n" in k or not k:
-            raise _bad("chunk_keys", f"key {k!r} is empty or contains a newline")
-    p = prefix.encode()
-    return _KEYS_HEAD.pack(KEY_LIST_MAGIC, len(p), len(keys)) + p + suffixes.encode()
-
-
-def _binary_suffixes(keys: list[str], n: int) -> bytes | None:
-    """The suffixes (after ``n`` prefix characters) as one width byte plus their raw bytes, when every one is
-    lowercase hex of the same non-zero even width (at most 255 raw bytes); else None."""
-    width = len(keys[0]) - n if keys else 0
-    if not 2 <= width <= 510 or width % 2 or len(set(map(len, keys))) != 1:
-        return None
-    hexes = "".join(k[n:] for k in keys)
-    try:
-        raw = bytes.fromhex(hexes)
-    except ValueError:
-        return None
-    if raw.hex() != hexes:  # upper case, or whitespace that fromhex skips
-        return None
-    return bytes([width // 2]) + raw
-
-
-def _decode_keys(buf: memoryview, count: int, prefix_len: int, field_name: str = "chunk_keys", binary: bool = False) -> KeyList:
-    if len(buf) < prefix_len:
-        raise _bad(field_name, "truncated key prefix")
-    try:
-        prefix = bytes(buf[:prefix_len]).decode()
-        if binary:
-            return _binary_keys(buf[prefix_len:], count, prefix, field_name)
-        blob = bytes(buf[prefix_len:]).decode()
-    except UnicodeDecodeError:
-        raise _bad(field_name, "keys are not valid UTF-8") from None
-    suffixes = blob.split("\n") if count else []
-    if count and len(suffixes) != count:
-        raise _bad(field_name, f"declares {count} keys but carries {len(suffixes)}")
-    if not count and blob:
-        raise _bad(field_name, "declares 0 keys but carries key bytes")
-    keys = KeyList(prefix + s for s in suffixes)
-    for k in keys:
-        if not k or len(k) > MAX_KEY_BYTES:
-            raise _bad(field_name, f"key {k[:80]!r} is empty or longer than {MAX_KEY_BYTES} bytes")
-    return keys
-
-
-def _binary_keys(section: memoryview, count: int, prefix: str, field_name: str) -> KeyList:
-    """Keys whose suffixes came as raw bytes (:attr:`DescriptorFlag.BINARY_KEY_SUFFIXES`)."""
-    if count < 1 or len(section) < 1:
-        raise _bad(field_name, "binary key suffixes need a width byte")
-    width = section[0]
-    if width < 1 or len(section) != 1 + width * count:
-        raise _bad(field_name, f"declares {count} binary suffixes of {width} bytes but carries {len(section) - 1} bytes")
-    if len(prefix.encode()) + 2 * width > MAX_KEY_BYTES or "\n" in prefix:
-        raise _bad(field_name, f"keys are longer than {MAX_KEY_BYTES} bytes or hold a newline")
-    hexes = bytes(section[1:]).hex()
-    w = 2 * width
-    return KeyList([prefix + hexes[i : i + w] for i in range(0, len(hexes), w)])
-
-
-def decode_keys(data: bytes) -> list[str]:
-    buf = memoryview(data)
-    if len(buf) < _KEYS_HEAD.size:
-        raise _bad("keys", "truncated key list")
-    magic, prefix_len, count = _KEYS_HEAD.unpack_from(buf)
-    if magic != KEY_LIST_MAGIC:
-        raise _bad("keys", "not an ObjectCache key list")
-    return _decode_keys(buf[_KEYS_HEAD.size :], count, prefix_len, "keys")
-
-
-# --- descriptor -------------------------------------------------------------------
 
 _DESC_HEAD = struct.Struct("<4sBBBBIIQI16s16sQQIHH")
 
@@ -449,138 +294,3 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
                       not flags & DescriptorFlag.NO_LAYER_CHECKSUMS, budget, bool(flags & DescriptorFlag.CLIENT_DECODES), first_layer,
                       bool(flags & DescriptorFlag.DECODE_AUTO), *auto)
-
-
-# --- put batches ------------------------------------------------------------------
-
-_BATCH_HEAD = struct.Struct("<4sI")
-_ITEM_HEAD = struct.Struct("<HQ")
-
-
-def encode_put_batch(items: list[tuple[str, bytes | memoryview]]) -> list[bytes | memoryview]:
-    """Pieces to send back to back (no copy of the chunk bytes)."""
-    out: list[bytes | memoryview] = [_BATCH_HEAD.pack(PUT_BATCH_MAGIC, len(items))]
-    for key, data in items:
-        k = key.encode()
-        if not k or len(k) > MAX_KEY_BYTES:
-            raise _bad("key", f"key {key[:80]!r} is empty or longer than {MAX_KEY_BYTES} bytes")
-        mv = memoryview(data).cast("B")
-        out += [_ITEM_HEAD.pack(len(k), mv.nbytes) + k, mv]
-    return out
-
-
-def decode_put_batch(data: bytes) -> list[tuple[str, memoryview]]:
-    buf = memoryview(data)
-    if len(buf) < _BATCH_HEAD.size:
-        raise _bad("batch", "truncated put batch")
-    magic, count = _BATCH_HEAD.unpack_from(buf)
-    if magic != PUT_BATCH_MAGIC:
-        raise _bad("batch", "not an ObjectCache put batch")
-    pos, items = _BATCH_HEAD.size, []
-    for i in range(count):
-        if pos + _ITEM_HEAD.size > len(buf):
-            raise _bad("batch", f"truncated at item {i}")
-        klen, dlen = _ITEM_HEAD.unpack_from(buf, pos)
-        pos += _ITEM_HEAD.size
-        if not 1 <= klen <= MAX_KEY_BYTES or pos + klen + dlen > len(buf):
-            raise _bad("batch", f"item {i} overruns the batch")
-        try:
-            key = bytes(buf[pos : pos + klen]).decode()
-        except UnicodeDecodeError:
-            raise _bad("key", f"item {i}: key is not valid UTF-8") from None
-        pos += klen
-        items.append((key, buf[pos : pos + dlen]))
-        pos += dlen
-    if pos != len(buf):
-        raise _bad("batch", f"{len(buf) - pos} trailing bytes after {count} items")
-    return items
-
-
-# --- frames -----------------------------------------------------------------------
-
-class FrameType(IntEnum):
-    DATA = 1  # payload bytes for [offset, offset+length) of the destination (http transport)
-    LAYER = 2  # layer `layer` is complete at [offset, offset+length); checksum = CRC32C (0 if the descriptor waived it)
-    END = 3  # payload: JSON statistics
-    ERROR = 4  # payload: JSON S3 error
-    # One chunk's layer slice as stored (descriptor flag CLIENT_DECODES): payload = a slice header
-    # (protocol.compressed_chunk.SLICE_HEAD) and the encoded bytes; it decodes to [offset, offset + S) of the
-    # destination; checksum = CRC32C of the encoded bytes. The layer's LAYER frame then carries checksum 0.
-    ENCODED = 5
-    # rdma, the client decodes: layer `layer`'s slices as stored landed packed (protocol.packed_layer) at
-    # [offset, offset+length) of the destination, in place of its raw bytes; sent instead of its LAYER frame.
-    PACKED = 6
-
-
-FRAME = struct.Struct("<BBHIQQI")  # type, flags, reserved, layer, offset, length, checksum
-FRAME_SIZE = FRAME.size
-
-
-@dataclass(frozen=True)
-class Frame:
-    type: FrameType
-    layer: int = 0
-    offset: int = 0
-    length: int = 0
-    checksum: int = 0
-
-    @property
-    def has_payload(self) -> bool:
-        return self.type in (FrameType.DATA, FrameType.END, FrameType.ERROR, FrameType.ENCODED)
-
-
-def pack_frame(ftype: FrameType, layer: int = 0, offset: int = 0, length: int = 0, checksum: int = 0) -> bytes:
-    return FRAME.pack(ftype, 0, 0, layer, offset, length, checksum)
-
-
-def unpack_frame(header: bytes | memoryview) -> Frame:
-    t, _flags, _r, layer, offset, length, checksum = FRAME.unpack(header)
-    try:
-        ftype = FrameType(t)
-    except ValueError:
-        raise S3Error(ErrorCode.InternalError, f"unknown frame type {t} in KV stream") from None
-    return Frame(ftype, layer, offset, length, checksum)
-
-
-def json_frame(ftype: FrameType, obj: dict) -> bytes:
-    payload = json.dumps(obj).encode()
-    return pack_frame(ftype, length=len(payload)) + payload
-
-
-@dataclass
-class TransferStats:
-    """The END frame: where the time went on the server, and what was decided."""
-
-    request_id: str = ""
-    mode: str = ""
-    payload_bytes: int = 0
-    storage_read_s: float = 0.0
-    delivery_s: float = 0.0
-    total_s: float = 0.0
-    # From the start of the transfer to layer 0 being ready in the destination.
-    first_layer_s: float = 0.0
-    # Bandwidth allocation for layerwise transfers (scheduler): policy, rate, epoch.
-    allocation: dict = field(default_factory=dict)
-    # From the request's arrival to the first read: descriptor decode, pinning the chunks, planning.
-    setup_s: float = 0.0
-    # Layerwise: per layer [read start, read end, ready (its LAYER frame sent)], seconds from the start of the transfer.
-    layer_timeline: list = field(default_factory=list)
-    # Page-cache hit ratio of a sample of the chunks, and the bytes of cold chunks read ahead because of it.
-    resident_sample: float = 1.0
-    read_ahead_bytes: int = 0
-    # Bytes read past the page cache (O_DIRECT) because the sampled chunks were mostly cold.
-    direct_read_bytes: int = 0
-    # Where the chunk bytes came from: "local" (this node's cache), "upstream", "peer:<node id>" (a cluster peer's cache).
-    paths: dict = field(default_factory=dict)
-    # Peer streams that failed part-way (broke, stalled, sent bad bytes) and were replaced by another path.
-    failovers: int = 0
-    # Chunks stored compressed: where they were decoded ("node" / "client"), why, and the bytes the link carried.
-    decode_site: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "TransferStats":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
