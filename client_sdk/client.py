@@ -4,89 +4,56 @@ Plain S3 calls go through aiobotocore; the KV extension requests (``kv-put``,
 ``kv-lookup``, ``kv-get``, ``kv-register``) are signed with the same SigV4
 signer (botocore's) and sent with aiohttp, because their bodies and the
 frame-stream responses are not part of the S3 API model.
+
+The class is put together from parts of one job each: :mod:`.signed` (signing, sending and
+retrying the extension requests), :mod:`.registration` (the registration callbacks),
+:mod:`.kv_get` (``fetch_layers``/``fetch``) and :mod:`.rdma_get` (S3-over-RDMA GETs);
+this module holds its life cycle, puts, lookups and status.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import dataclasses
 import hashlib
-import json
-import logging
 import math
-import os
-import random
-import time
-import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
-from urllib.parse import quote
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
 from aiobotocore.session import get_session
-from awscrt.checksums import crc32c
 from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from protocol.checksums import b64
-from protocol.data_ticket import GRANT_CONTENT_TYPE, HEADER_DIRECT, DirectGrant
 from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
-from protocol.kv_http import HEADER_LOAD_BUDGET, HEADER_RDMA_TAG, HEADER_SOFT_PIN_TTL, KVOp, LoadBudget, LookupReply, RdmaRegisterRequest, RegisterReply, RegisterTicket, UnregisterRequest
+from protocol.kv_http import HEADER_LOAD_BUDGET, HEADER_SOFT_PIN_TTL, KVOp, LoadBudget, LookupReply, UnregisterRequest
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
-from protocol.rdma_token import HEADER_RDMA_BYTES, HEADER_RDMA_REPLY, HEADER_RDMA_TOKEN, REPLY_OK
-from protocol.session import SessionTicket
 from protocol.verbs import ENGINE, VerbsDevice
-from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor, encode_keys, encode_put_batch
+from protocol.wire import TransportKind, encode_keys, encode_put_batch
 
-from .buffers import ShmRegion, hand_over
 from .compression import encode_layout_chunk, shape_header
-from .decoding import LayerDecodes, SliceDecoder
-from .destinations import Destination, Destinations, HttpDestinations, ShmDestinations
-from .direct import DirectFrameStream
-from .frames import FrameStream
+from .decoding import SliceDecoder
+from .destinations import Destinations, HttpDestinations, ShmDestinations
+from .kv_get import KVGets
 from .layout import KVLayout
-from .local_session import FastPathUnavailable, LocalSession, NoResponse
+from .local_session import FastPathUnavailable, LocalSession
 from .rdma import RdmaDestinations, rdma_available
+from .rdma_get import RdmaGets
+from .registration import Registrations
 from .s3_errors import S3_CALL_ERRORS, client_error_code, from_botocore
-from .stream import FetchStats, LayerStream
+from .signed import MAX_BACKOFF_S, UNSIGNED_PAYLOAD, _json, _s3_error, _unreachable
 from .verbs import VerbsDestinations
 
+__all__ = ["MAX_BACKOFF_S", "PUT_BATCH_BYTES", "UNSIGNED_PAYLOAD", "ObjectCacheClient"]
+
 PUT_BATCH_BYTES = 64 << 20
-UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
-# Retries of idempotent calls wait backoff, 2·backoff, 4·backoff, ... (±25% jitter), each at most this long.
-MAX_BACKOFF_S = 2.0
-
-log = logging.getLogger("objectcache.client")
-T = TypeVar("T")
 
 
-def _unreachable(endpoint: str, what: str, e: BaseException) -> S3Error:
-    """A refused, reset or dropped connection as the SDK's own error (never a raw aiohttp exception)."""
-    return S3Error(ErrorCode.ServiceUnavailable, f"{what}: the connection to the gateway at {endpoint} failed ({type(e).__name__}: {e})")
-
-
-def _s3_error(status: int, body: bytes) -> S3Error:
-    try:
-        doc = ET.fromstring(body)
-        code = ErrorCode.__members__.get(doc.findtext("Code") or "", ErrorCode.InternalError)
-        extra = {c.tag: c.text or "" for c in doc if c.tag not in ("Code", "Message", "Resource", "RequestId")}
-        return S3Error(code, doc.findtext("Message") or "", doc.findtext("Resource") or "", extra)
-    except ET.ParseError:
-        return S3Error(ErrorCode.InternalError, f"HTTP {status}: {body[:200]!r}")
-
-
-def _json(record: Any) -> bytes:
-    return json.dumps(record.to_json()).encode()
-
-
-class ObjectCacheClient:
+class ObjectCacheClient(KVGets, RdmaGets, Registrations):
     """Async client. Use as ``async with ObjectCacheClient(...) as c:``.
 
     ``read_timeout`` bounds the silence between two reads of a response (a
@@ -203,90 +170,6 @@ class ObjectCacheClient:
             self._http = None
         await asyncio.to_thread(self._decoder.close)
 
-    # -- signed extension requests ------------------------------------------------
-    def _signed_headers(self, method: str, url: str, payload_hash: str, extra: dict[str, str]) -> dict[str, str]:
-        req = AWSRequest(method=method, url=url, headers={"X-Amz-Content-SHA256": payload_hash, **extra})
-        self._signer.add_auth(req)
-        return dict(req.headers.items())
-
-    async def _post(self, path: str, op: KVOp, body: bytes | list, *, payload_hash: str | None = None,
-                    extra_headers: dict[str, str] | None = None, stream: bool = False) -> aiohttp.ClientResponse:
-        """POST ``path?op`` signed with SigV4. List bodies are sent without joining (KV batches)."""
-        assert self._http is not None, "use the client inside `async with`"
-        url = f"{self.endpoint}{path}?{op}"
-        if isinstance(body, list):
-            length = sum(memoryview(p).nbytes for p in body)
-            crc = 0
-            for p in body:
-                crc = crc32c(p, crc)
-            headers = self._signed_headers("POST", url, UNSIGNED_PAYLOAD, {"x-amz-checksum-crc32c": b64(crc.to_bytes(4, "big")), **(extra_headers or {})})
-            headers["Content-Length"] = str(length)
-
-            async def gen():
-                for p in body:
-                    yield p
-
-            data: Any = gen()
-        else:
-            headers = self._signed_headers("POST", url, payload_hash or hashlib.sha256(body).hexdigest(), extra_headers or {})
-            data = body
-        try:
-            resp = await self._http.post(url, data=data, headers=headers)
-            if resp.status != 200:
-                text = await resp.read()
-                resp.release()
-                raise _s3_error(resp.status, text)
-            if not stream:
-                await resp.read()
-        except asyncio.TimeoutError:
-            raise S3Error(ErrorCode.RequestTimeout, f"no response to ?{op} within {self._timeout.sock_read:.0f} s (read_timeout)") from None
-        except aiohttp.ClientError as e:
-            raise _unreachable(self.endpoint, f"?{op}", e) from None
-        return resp
-
-    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Run an idempotent ``call``; on 503 or a failed connection, retry with bounded exponential backoff."""
-        started = time.monotonic()
-        for attempt in range(self.retries + 1):
-            try:
-                return await call()
-            except S3Error as e:
-                if e.code is not ErrorCode.ServiceUnavailable:
-                    raise
-                if attempt == self.retries:
-                    raise S3Error(ErrorCode.ServiceUnavailable, f"{what} failed after {attempt + 1} attempt(s) over "
-                                  f"{time.monotonic() - started:.1f} s: {e.message}", e.resource, e.extra) from None
-                delay = min(self.backoff * 2 ** attempt, MAX_BACKOFF_S) * random.uniform(0.75, 1.25)
-                log.info("%s: %s; retry %d of %d in %.2f s", what, e.message, attempt + 1, self.retries, delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    async def _register_region(self, region: ShmRegion) -> tuple[bytes, bytes]:
-        """Ask for a ticket (signed), then hand the memfd over on this host (:mod:`protocol.shm`)."""
-        # populate only when asked, so a server that predates the field still takes plain registrations.
-        request = {"size": region.size} | ({"populate": True} if region.prefaulted else {})
-        resp = await self._retrying("kv-register", lambda: self._post("/", KVOp.REGISTER, json.dumps(request).encode()))
-        ticket = RegisterTicket.from_json(await resp.json())
-        assert region.fd is not None
-        reply = RegisterReply.from_json(await asyncio.to_thread(hand_over, ticket.socket, bytes.fromhex(ticket.ticket), region.fd))
-        return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
-
-    async def _register_session(self) -> SessionTicket:
-        """The signed half of a local fast-path session (then bound on the session socket by :class:`LocalSession`)."""
-        resp = await self._retrying("kv-session", lambda: self._post(f"/{self.bucket}", KVOp.SESSION, b""))
-        return SessionTicket.from_json(await resp.json())
-
-    async def _register_rdma(self, metadata: bytes, addr: int, size: int, proof: bytes) -> tuple[bytes, bytes]:
-        """Tell the storage server about memory registered with this process's NIXL agent (``proof``: its first bytes)."""
-        reply = await self._register_verbs(RdmaRegisterRequest("nixl", addr, size, agent=base64.b64encode(metadata).decode(),
-                                                               proof=proof.hex()))
-        return bytes.fromhex(reply.region_id), bytes.fromhex(reply.token)
-
-    async def _register_verbs(self, body: RdmaRegisterRequest) -> RegisterReply:
-        """kv-register-rdma: memory this process registered with its RDMA engine (and, pyverbs, its queue pair)."""
-        resp = await self._post("/", KVOp.REGISTER_RDMA, _json(body))
-        return RegisterReply.from_json(await resp.json())
-
     # -- public API -----------------------------------------------------------------
     async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:
         """Take the first shm fetch's set-up off its critical path: do it now.
@@ -401,215 +284,6 @@ class ObjectCacheClient:
         resp = await self._retrying(f"kv-estimate of {len(keys)} key(s)", lambda: self._post(f"/{self.bucket}", KVOp.ESTIMATE, body))
         return EstimateReply.from_json(await resp.json())
 
-    @contextlib.asynccontextmanager
-    async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
-                           compute_window: float | Sequence[float] | None = None, mode: str = "auto",
-                           out: Any = None, verify: bool | None = None, load_budget_s: float = 0.0,
-                           decode: str = "auto") -> AsyncIterator[LayerStream]:
-        """Load the layer-major payload of ``keys``; iterate layers as they land.
-
-        ``transport``: ``"shm"`` (same host: the server writes into a registered
-        shared-memory region), ``"http"`` (anywhere: bytes in the response, or
-        from the storage server's data endpoint when it has one, see ``direct``) or
-        ``"auto"`` (shm when the endpoint is on this host). ``compute_window``
-        is the per-layer compute time of the request's miss tokens (seconds),
-        which the server's bandwidth allocator uses. ``out`` (http and rdma) is
-        memory of at least ``N·L·S`` bytes to fill instead of the SDK's own: any
-        writable buffer-protocol object (numpy, bytearray, mmap) or CPU torch
-        tensor; over rdma it is registered on first use and reused whenever the
-        same memory is passed again.
-        ``verify`` checks each layer's CRC32C; by default it does over ``http``
-        (the bytes crossed sockets) and not over ``shm``, where the server
-        writes the very pages this process reads. When not verifying, the
-        descriptor tells the server not to compute the CRCs at all: a pass
-        over every byte that nobody would read.
-        ``load_budget_s`` (0: none): the storage server ends a layerwise
-        transfer with ``KVLoadBudgetExceeded`` at the first layer it expects to
-        start later than this after it received the kv-get (the layers before
-        it are delivered); the caller recomputes the rest.
-        ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers),
-        ``"client"`` (http and rdma: the node sends them as stored, fewer bytes on the link, and this
-        process decodes them on its own bounded pool, ``decode_threads``) or ``"auto"`` (over http and
-        rdma the node picks per kv-get from the link rate — its bandwidth pool's grant, else ``link_gbps`` —
-        and both sides' measured decode rates, ``storage_server.decode_choice``; shm: the node).
-        """
-        if decode not in ("auto", "node", "client"):
-            raise ValueError(f"decode must be 'auto', 'node' or 'client', not {decode!r}")
-        keys = list(keys)
-        if not keys:
-            raise ValueError("fetch_layers needs at least one key")
-        kind = self._transport_kind(transport)
-        payload_bytes = layout.payload_bytes(len(keys))
-        window: tuple[float, ...] = () if compute_window is None else (
-            (float(compute_window),) if isinstance(compute_window, (int, float)) else tuple(float(w) for w in compute_window))
-        mode_v = {"auto": Mode.AUTO, "chunkwise": Mode.CHUNKWISE, "layerwise": Mode.LAYERWISE}[mode]
-        destinations = self._destinations[kind]
-        check = destinations.verify_by_default if verify is None else verify
-        started = time.perf_counter()
-        resp = None
-        frames: FrameStream | DirectFrameStream | None = None
-        opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
-        dest: Destination | None = None
-        auto = decode == "auto" and kind in (TransportKind.HTTP, TransportKind.RDMA)
-        decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
-
-        unreachable: list[str] = []  # peers a grant named whose data endpoint did not answer: the kv-get was asked again
-
-        def count_unreachable(stats: FetchStats) -> None:
-            for path in unreachable:
-                stats.failovers += 1
-                stats.broken_paths.setdefault(path, 0)  # no layer of it had arrived
-            unreachable.clear()
-
-        async def resume(first_layer: int) -> tuple[Any, FrameStream | DirectFrameStream]:
-            """The layers from ``first_layer`` on, asked again of this client's node (a peer's stream of them broke)."""
-            again = encode_descriptor(dataclasses.replace(descriptor, first_layer=first_layer))
-            opened.append(await self._retrying(f"kv-get of {len(keys)} chunk(s) from layer {first_layer}",
-                                               lambda: self._open_frames(kind, again, unreachable)))
-            count_unreachable(stream.stats)
-            return opened[-1]
-
-        try:
-            for attempt in (1, 2):
-                dest = await destinations.acquire(payload_bytes, out)
-                descriptor = Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target, window, mode_v,
-                                        layer_checksums=check, load_budget_s=load_budget_s, client_decodes=decode == "client",
-                                        decode_auto=auto, client_decode_workers=self._decoder.threads if auto else 0,
-                                        client_decode_bytes_per_s=self._decoder.bytes_per_s_per_core if auto else 0.0,
-                                        client_link_bytes_per_s=self.link_gbps * 1e9 / 8 if auto else 0.0)
-                body = encode_descriptor(descriptor)
-                try:
-                    # Retried only until the response begins: no byte of the payload has moved before that.
-                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
-                    break
-                except S3Error as e:
-                    if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
-                        raise
-                    # The storage server restarted and forgot our region (and so every other): register afresh, retry once.
-                    destinations.forget(dest)
-                    destinations.forget_idle()
-                    dest = None
-            assert resp is not None and dest is not None and frames is not None
-            opened.append((resp, frames))
-            landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
-            stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed, decodes, layout.per_layer_chunk_bytes, resume)
-            count_unreachable(stream.stats)
-            yield stream
-            # Leaving early abandons the transfer: closing the connection stops the server.
-            if not stream._done:
-                opened[-1][0].close()
-        finally:
-            if frames is not None and not opened:
-                opened.append((resp, frames))
-            for r, f in opened:
-                if isinstance(f, DirectFrameStream):
-                    f.close()
-                if r is not None:
-                    r.release()
-            if decodes is not None:
-                await decodes.drain()  # no decode thread still writes into the destination once it is released
-            if dest is not None:
-                destinations.release(dest)
-
-    async def _open_frames(self, kind: TransportKind, body: bytes, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:
-        """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for
-        (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability).
-        A peer's data endpoint that does not answer (the peer died or stalled after its node granted it) raises
-        ServiceUnavailable, so the caller's retry asks the node again (which no longer finds that peer), and is
-        added to ``unreachable`` as ``peer:<id>``."""
-        if self._local is not None and kind == TransportKind.SHM and self._local.available():
-            try:
-                return NoResponse(), await self._local.open(body)
-            except FastPathUnavailable as e:
-                log.info("kv-get through the gateway: %s", e)
-        direct = self.direct and kind == TransportKind.HTTP
-        resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
-        if resp.content_type != GRANT_CONTENT_TYPE:
-            return resp, FrameStream(resp.content)
-        try:
-            grant = DirectGrant.from_json(json.loads(await resp.read()))
-        except (aiohttp.ClientError, ValueError) as e:
-            resp.release()
-            raise _unreachable(self.endpoint, "?kv-get", e) from None
-        resp.release()
-        try:
-            return resp, await DirectFrameStream.open(grant, body, self._timeout.sock_read or 120.0)
-        except S3Error as e:
-            e.resource = e.resource or f"/{self.bucket}"  # as the gateway's error response would name it
-            if grant.peer and e.code is ErrorCode.ServiceUnavailable and unreachable is not None:
-                unreachable.append(f"peer:{grant.peer}")
-            raise
-
-    async def fetch(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", **kw: Any) -> tuple[np.ndarray, FetchStats]:
-        """Load everything and return a copy of the payload as ``(L, N·S)`` uint8 plus stats."""
-        async with self.fetch_layers(keys, layout, transport, **kw) as layers:
-            async for _ in layers:
-                pass
-            arr = np.frombuffer(layers.payload, dtype=np.uint8).reshape(layout.num_layers, -1).copy()
-            return arr, layers.stats
-
-    def _transport_kind(self, transport: str) -> TransportKind:
-        """``auto``: shm on the same host, rdma where this process has an RDMA engine, http otherwise."""
-        if transport == "auto":
-            host = self.endpoint.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-            if host in ("127.0.0.1", "localhost", "::1", "[::1]") and hasattr(os, "memfd_create"):
-                return TransportKind.SHM
-            return TransportKind.RDMA if TransportKind.RDMA in self._destinations else TransportKind.HTTP
-        kind = TransportKind.__members__.get(transport.upper()) if transport.islower() else None
-        if kind == TransportKind.RDMA and kind not in self._destinations:
-            raise ValueError(f"transport 'rdma' is not available in this process: {self._rdma_unavailable}")
-        if kind not in self._destinations:
-            raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
-        return kind
-
-    @contextlib.asynccontextmanager
-    async def rdma_memory(self, nbytes: int) -> AsyncIterator[tuple[str, memoryview]]:
-        """Registered memory of ``nbytes`` and the ``x-amz-rdma-token`` describing it, for plain S3 GETs.
-
-        Any S3 client may send the token on a GET of a whole object (the S3-over-RDMA convention):
-        the storage server writes the object into this memory and the response has no body. The
-        memory is this client's until the block exits.
-        """
-        destinations = self._destinations.get(TransportKind.RDMA)
-        if destinations is None:
-            raise ValueError(f"transport 'rdma' is not available in this process: {self._rdma_unavailable}")
-        dest = await destinations.acquire(nbytes, None)
-        try:
-            yield destinations.token(dest).encode(), dest.view
-        finally:
-            destinations.release(dest)
-
-    async def get_object_rdma(self, key: str, bucket: str | None = None) -> np.ndarray:
-        """GET a whole object over RDMA (``x-amz-rdma-token``); a copy of its bytes.
-
-        ``NotImplemented`` when the server declines (the object no longer fits, a Range…): GET it plainly then.
-        """
-        assert self._http is not None, "use the client inside `async with`"
-        bucket = bucket or self.bucket
-        url = f"{self.endpoint}/{bucket}/{quote(key, safe='/~')}"
-        try:
-            async with self._http.head(url, headers=self._signed_headers("HEAD", url, hashlib.sha256(b"").hexdigest(), {})) as head:
-                if head.status != 200:  # a HEAD has no error body: its status says it
-                    code = {403: ErrorCode.AccessDenied, 404: ErrorCode.NoSuchKey}.get(head.status, ErrorCode.InternalError)
-                    raise S3Error(code, f"HEAD {bucket}/{key}: HTTP {head.status}", f"/{bucket}/{key}")
-                size = int(head.headers["Content-Length"])
-        except aiohttp.ClientError as e:
-            raise _unreachable(self.endpoint, f"HEAD {key}", e) from None
-        async with self.rdma_memory(max(size, 1)) as (token, view):
-            headers = self._signed_headers("GET", url, hashlib.sha256(b"").hexdigest(), {HEADER_RDMA_TOKEN: token})
-            try:
-                async with self._http.get(url, headers=headers) as resp:
-                    body = await resp.read()
-                    if resp.status != 200:
-                        raise _s3_error(resp.status, body)
-                    if resp.headers.get(HEADER_RDMA_REPLY) != REPLY_OK or body:
-                        raise S3Error(ErrorCode.InternalError, "the server answered x-amz-rdma-token with the bytes in the body")
-                    n = int(resp.headers[HEADER_RDMA_BYTES])
-            except aiohttp.ClientError as e:
-                raise _unreachable(self.endpoint, f"GET {key}", e) from None
-            return np.frombuffer(view[:n], np.uint8).copy()
-
     async def status(self) -> dict:
         """This tenant's transfers in flight, registered regions and bandwidth leases."""
         assert self._http is not None
@@ -629,4 +303,3 @@ class ObjectCacheClient:
                 raise _unreachable(self.endpoint, f"?{KVOp.STATUS}", e) from None
 
         return await self._retrying("kv-status", once)
-
