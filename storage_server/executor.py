@@ -18,35 +18,36 @@ iovecs land its L slices at their layer-major places (mapped chunks: one
 Compressed chunks (``ReadPlan.headers``) are read and decoded by the staged
 :mod:`storage_server.decode_pipeline` into the same places, or, for a client
 that decodes (``Descriptor.client_decodes``), sent as stored in ENCODED frames.
+
+Its parts: :mod:`.read_plan` (what is read), :mod:`.gather` (the read pool's gathers), :mod:`.direct_runs`
+(a cold transfer split between the page cache and O_DIRECT); this module schedules the reads and deliveries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-from awscrt.checksums import crc32c
-
 from protocol.checksums import crc32c_combine
-from protocol.errors import ErrorCode, S3Error
-from protocol.wire import Descriptor, Mode, TransferStats
+from protocol.errors import S3Error
+from protocol.wire import Mode, TransferStats
 
-from .compressed_reads import ChunkHeader, read_encoded
+from .compressed_reads import read_encoded
 from .decode_choice import wire_layer_bytes
 from .decode_pipeline import DecodePipeline, _settled
-from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
+from .direct_reads import DirectFiles
+from .direct_runs import DirectRuns
+from .gather import INLINE_GATHER_BYTES, IOV_MAX, _crc_layers, _read_run, _read_whole_chunks, _take_run, _take_whole_chunks
 from .memory_budget import MemoryBudget
 from .read_path import ReadPath, plan_read_path, wanted_bytes
-from .residency import read_ahead, resident_fraction
-from .store import PinnedChunks
+from .read_plan import ReadPlan, _stats
+from .residency import resident_fraction
 from .transports import Transport
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+__all__ = ["COLD_FRACTION", "INLINE_GATHER_BYTES", "IOV_MAX", "Executor", "Pacer", "ReadPlan"]
+
 COLD_FRACTION = 0.5  # at most this share of the sampled chunks in the page cache: the transfer reads past it
 
 
@@ -58,134 +59,7 @@ class Pacer(Protocol):
     def after_layer(self) -> None: ...
 
 
-# A warm, mapped piece this small is one memory copy of well under a millisecond: gathered on the event loop it
-# costs less than handing it to the read threads and back. py-spy, shm G16x256 (1 MiB layers): the loop spent 23% of
-# its time in run_in_executor's futures and GIL hand-offs while the read threads were 98% idle; inline, a whole
-# 32 MiB kv-get took 13.9 ms instead of 24.0 (4 MiB layers: 34.8 vs 42.1 ms). Larger pieces still go to the threads,
-# so no one transfer holds the loop for more than about half a millisecond at a time.
-INLINE_GATHER_BYTES = 4 << 20
-
-@dataclass
-class ReadPlan:
-    """What the executor reads: the descriptor, the mode chosen, and the pinned chunks' files in prefix order."""
-
-    descriptor: Descriptor
-    mode: Mode
-    fds: list[int]
-    offsets: list[int]  # where each chunk starts in its file
-    piece_chunks: int  # layerwise: chunks read (and delivered) at a time
-    rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
-    first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
-    # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
-    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: the decode pipeline reads them.
-    headers: list[ChunkHeader | None] | None = None
-    # Slices go as stored in ENCODED frames, the client decodes (CLIENT_DECODES, or DECODE_AUTO's choice).
-    send_encoded: bool = False
-    # Every sampled chunk was in the page cache: a mapped piece up to INLINE_GATHER_BYTES is gathered on the loop.
-    warm: bool = False
-
-    @classmethod
-    def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int,
-           headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
-        if headers is not None or descriptor.client_decodes:
-            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers, send_encoded=descriptor.client_decodes)
-        s = descriptor.per_layer_chunk_bytes
-        known = pinned.derived.get(("rows", s))  # the same pins as a transfer before (a resolved prefix)
-        rows, first_rows = known if known is not None else pinned.derived.setdefault(("rows", s), _mapped_rows(pinned, s))
-        return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
-
-    @property
-    def mapped(self) -> bool:
-        return self.rows is not None
-
-
-def _mapped_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
-    first = pinned.mapped[0] if pinned.mapped and size > 0 else None
-    if first is None or (rows := first.arena.rows(size)) is None or any(pinned.offsets):
-        return None, None
-    arena = first.arena
-    try:
-        slots = [m.index for m in pinned.mapped if m.arena is arena]  # type: ignore[union-attr]
-    except AttributeError:  # one is not mapped
-        return None, None
-    if len(slots) != len(pinned.mapped):
-        return None, None
-    return rows, np.asarray(slots, np.intp) * (arena.slot_bytes // size)
-
-
-def _take_run(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, base: int, layer: int, size: int, dest: memoryview,
-              checksum: bool = False) -> int:
-    """Row ``layer`` of mapped chunks first..last-1 into ``dest`` at ``(j - base)·size``: one gather, GIL released.
-    Returns the CRC32C of the bytes gathered (0 unless ``checksum``), computed while they are still in cache."""
-    start, nbytes = (first - base) * size, (last - first) * size
-    out = np.frombuffer(dest, np.uint8, nbytes, start).reshape(-1, size)
-    np.take(rows, first_rows[first:last] + layer, axis=0, out=out, mode="clip")  # "clip": no checked copy of out
-    return crc32c(dest[start : start + nbytes]) if checksum else 0
-
-
-def _take_whole_chunks(rows: np.ndarray, first_rows: np.ndarray, first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
-    """Mapped chunks first..last-1, every layer, into layer-major places."""
-    for layer in range(layers):
-        _take_run(rows, first_rows, first, last, -layer * n_chunks, layer, size, dest)  # chunk j at (layer·n + j)·size
-
-
-def _read_run(fds: list[int], offsets: list[int], first: int, last: int, base: int, file_offset: int, size: int, dest: memoryview,
-              checksum: bool = False) -> int:
-    """Read ``[file_offset, +size)`` of chunks first..last-1 into ``dest`` at ``(j - base)·size`` (prefix order);
-    returns the CRC32C of the run (0 unless ``checksum``)."""
-    pos = start = (first - base) * size
-    for j in range(first, last):
-        n = os.preadv(fds[j], [dest[pos : pos + size]], offsets[j] + file_offset)
-        if n != size:
-            raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}: {n} of {size} bytes")
-        pos += size
-    return crc32c(dest[start:pos]) if checksum else 0
-
-
-def _read_whole_chunks(fds: list[int], offsets: list[int], first: int, last: int, n_chunks: int, layers: int, size: int, dest: memoryview) -> None:
-    """Scatter-read whole chunk objects into layer-major places."""
-    stride = n_chunks * size
-    for j in range(first, last):
-        iov = [dest[layer * stride + j * size : layer * stride + (j + 1) * size] for layer in range(layers)]
-        for k in range(0, layers, IOV_MAX):
-            part = iov[k : k + IOV_MAX]
-            if os.preadv(fds[j], part, offsets[j] + k * size) != size * len(part):
-                raise S3Error(ErrorCode.InternalError, f"short read of chunk #{j}")
-
-
-def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s: float, started: float, first_layer_s: float) -> TransferStats:
-    """The END frame's report of a transfer that started at ``started``."""
-    return TransferStats(
-        layer_timeline=[[round(t, 6) for t in times] for times in timeline],
-        mode=plan.mode.name.lower(),
-        payload_bytes=plan.descriptor.payload_bytes,
-        storage_read_s=read_s,
-        delivery_s=deliver_s,
-        total_s=time.perf_counter() - started,
-        first_layer_s=first_layer_s,
-    )
-
-
-def _layer_order(plan: ReadPlan, layers: int, group: int) -> tuple[list[int], list[int], list[int]]:
-    """Read-ahead ranges of layers 0..layers-1 in the order the transfer consumes them: a group of layers of every
-    chunk, then the next group (chunk by chunk, the first layer would wait for the last chunk's every layer)."""
-    s = plan.descriptor.per_layer_chunk_bytes
-    fds, offsets, sizes = [], [], []
-    for first in range(0, layers, group):
-        n = min(group, layers - first) * s
-        for fd, offset in zip(plan.fds, plan.offsets):
-            fds.append(fd)
-            offsets.append(offset + first * s)
-            sizes.append(n)
-    return fds, offsets, sizes
-
-
-def _crc_layers(data: memoryview, layer_bytes: int, layers: int) -> list[int]:
-    return [crc32c(data[i * layer_bytes : (i + 1) * layer_bytes]) for i in range(layers)]
-
-
-class Executor:
+class Executor(DirectRuns):
     """Runs plans on a bounded read pool shared by all transfers of this server."""
 
     def __init__(self, io_threads: int, direct_depth: int = 0, read_path: str = "direct", budget: MemoryBudget | None = None, *,
@@ -315,139 +189,6 @@ class Executor:
             await transport.layer_ready(layer, 0)
             timeline[layer][2] = time.perf_counter() - started
         return _stats(plan, timeline, read_s, deliver_s, started, timeline[0][2] if timeline else 0.0)
-
-    async def _run_path(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, path: ReadPath,
-                        files: DirectFiles | None) -> TransferStats:
-        """Layers 0..n₁−1 through the page cache (their bytes read ahead, deep-queued), the rest with O_DIRECT."""
-        d = plan.descriptor
-        loop = asyncio.get_running_loop()
-        n1, s = path.page_cache_layers, d.per_layer_chunk_bytes
-        cached = direct = None
-        # The direct layers start once the page-cache layers are read: started beside them, their reads would
-        # queue against the first layers' read-ahead, and the first layer is what an engine waits for.
-        try:
-            if n1:
-                ahead = None if not path.read_ahead_bytes else loop.run_in_executor(
-                    None, read_ahead, *_layer_order(plan, n1, group_layers(s, d.num_layers)), path.read_ahead_bytes)
-                try:
-                    cached = await self._run(plan, transport, pacer, started, range(n1))
-                finally:
-                    read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
-                cached.read_ahead_bytes = read_ahead_bytes
-            if files is not None and n1 < d.num_layers:
-                direct = await self._run_direct(plan, transport, pacer, started, files, range(n1, d.num_layers))
-            if direct is not None:
-                direct.direct_read_bytes = (d.num_layers - n1) * len(plan.fds) * s
-                if self.read_path == "direct":
-                    # Kept for reuse (a prefix is fetched again): the kernel reads the chunks into the page cache
-                    # in the background, within the free budget, now that the transfer no longer waits on the disk.
-                    direct.read_ahead_bytes = self._warm_later(plan)
-        finally:
-            if files is not None:
-                files.close()
-        if cached is None or direct is None:
-            return cached or direct  # type: ignore[return-value]
-        cached.layer_timeline[n1:] = direct.layer_timeline[n1:]
-        cached.storage_read_s += direct.storage_read_s
-        cached.delivery_s += direct.delivery_s
-        cached.total_s = direct.total_s
-        cached.direct_read_bytes = direct.direct_read_bytes
-        return cached
-
-    def _direct_possible(self, plan: ReadPlan, transport: Transport) -> bool:
-        """Whether this transfer could read past the page cache: layerwise into the client's own memory
-        (``transport.reads_into_destination``) or page-aligned staging of whole layers (``aligned_staging``), every
-        address aligned, a direct read pool configured."""
-        d = plan.descriptor
-        if not self.direct_depth or plan.mode != Mode.LAYERWISE:
-            return False
-        if not transport.reads_into_destination and not (transport.aligned_staging and plan.piece_chunks >= len(plan.fds)):
-            return False  # staging: only page-aligned buffers, a whole layer per piece
-        return aligned(d.per_layer_chunk_bytes, plan.offsets, [transport.piece_buffer(0, 0, len(plan.fds))])
-
-    def _warm_later(self, plan: ReadPlan) -> int:
-        """Read a cold transfer's chunks into the page cache in the background, within budget; the bytes asked for."""
-        d = plan.descriptor
-        size = d.num_layers * d.per_layer_chunk_bytes
-        budget = self.budget.free() // 2  # half of what the running transfers leave: the next one needs room too
-        count = min(len(plan.fds), budget // size if size else 0)
-        if not count:
-            return 0
-        fds = [os.dup(fd) for fd in plan.fds[:count]]  # the transfer's pins end now; these end with the read-ahead
-
-        def warm() -> None:
-            try:
-                read_ahead(fds, plan.offsets[:count], [size] * count, budget)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-
-        self._direct_pool().submit(warm)  # fadvise may block on a full device queue: not on a layer reader
-        return count * size
-
-    async def _run_direct(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, files: DirectFiles,
-                          layers_to_read: range) -> TransferStats:
-        """Layerwise, ``layers_to_read`` a group of layers at a time: each chunk's layers of the group in one O_DIRECT read,
-        ``direct_depth`` in flight."""
-        d = plan.descriptor
-        loop = asyncio.get_running_loop()
-        n, s = len(plan.fds), d.per_layer_chunk_bytes
-        # Rotating staging buffers (http) hold one layer each: a group is one layer, two in use at a time.
-        group = 1 if transport.buffers_in_rotation else group_layers(s, d.num_layers)
-        tasks = max(1, min(n, self.direct_depth * 4))  # more runs than threads: the queue stays full to the end
-        runs = [(n * i // tasks, n * (i + 1) // tasks) for i in range(tasks)]
-        timeline = [[0.0, 0.0, 0.0] for _ in range(d.num_layers)]
-        read_s = deliver_s = 0.0
-        pool = self._direct_pool()
-        # Unpaced, one group is submitted ahead of the one being finished, so the device queue never
-        # drains between groups; paced, a group is one paced unit of its bytes (the lease holds one slot).
-        ahead = 0 if pacer is not None else 1
-        in_flight: list[tuple[range, list[memoryview], list[asyncio.Future], float]] = []
-        submitted: list[asyncio.Future] = []
-
-        async def finish() -> None:
-            nonlocal read_s, deliver_s
-            layers, dests, futures, t0 = in_flight.pop(0)
-            try:
-                await _settled(asyncio.gather(*futures))  # a cancel must not cancel the wrappers of reads still running
-            finally:
-                if pacer is not None:
-                    pacer.after_layer()
-            t1 = time.perf_counter()
-            read_s = t1 - started - timeline[layers_to_read.start][0]  # reads overlap: their span
-            for layer, dest in zip(layers, dests):
-                crc = await loop.run_in_executor(self.pool, crc32c, dest) if d.layer_checksums else 0
-                t = time.perf_counter()
-                await transport.deliver_piece(layer, 0, dest)
-                await transport.layer_ready(layer, crc)
-                deliver_s += time.perf_counter() - t
-                timeline[layer] = [t0 - started, t1 - started, time.perf_counter() - started]
-
-        try:
-            for first_layer in range(layers_to_read.start, layers_to_read.stop, group):
-                layers = range(first_layer, min(first_layer + group, layers_to_read.stop))
-                dests = [transport.piece_buffer(layer, 0, n) for layer in layers]
-                if pacer is not None:
-                    await pacer.before_layer(d.layer_bytes * len(layers))
-                t0 = time.perf_counter()
-                if first_layer == layers_to_read.start:
-                    timeline[first_layer][0] = t0 - started
-                futures = [loop.run_in_executor(pool, read_layer_group, files, plan.offsets, a, b, first_layer, s, dests) for a, b in runs if a < b]
-                submitted += futures
-                in_flight.append((layers, dests, futures, t0))
-                if len(in_flight) > ahead:
-                    await finish()
-            while in_flight:
-                await finish()
-        except BaseException:
-            await _settled(asyncio.gather(*submitted, return_exceptions=True))  # no read is still writing when this returns
-            raise
-        return _stats(plan, timeline, read_s, deliver_s, started, timeline[layers_to_read.start][2] if layers_to_read else 0.0)
-
-    def _direct_pool(self) -> ThreadPoolExecutor:
-        if self._direct is None:
-            self._direct = read_pool(self.direct_depth)
-        return self._direct
 
     async def _run(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, layers: range) -> TransferStats:
         """Through the page cache: chunkwise every layer, layerwise ``layers`` (the first of them up to a prefix of all)."""

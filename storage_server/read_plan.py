@@ -1,0 +1,76 @@
+"""What the executor reads (:class:`ReadPlan`: the descriptor, the mode chosen, the pinned chunks' files, and
+their mapped arena's rows when every chunk is mapped in one) and the END frame's report of a transfer."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.wire import Descriptor, Mode, TransferStats
+
+from .compressed_reads import ChunkHeader
+from .store import PinnedChunks
+
+
+@dataclass
+class ReadPlan:
+    """What the executor reads: the descriptor, the mode chosen, and the pinned chunks' files in prefix order."""
+
+    descriptor: Descriptor
+    mode: Mode
+    fds: list[int]
+    offsets: list[int]  # where each chunk starts in its file
+    piece_chunks: int  # layerwise: chunks read (and delivered) at a time
+    rows: np.ndarray | None = None  # every chunk mapped: the arena as rows of S bytes ...
+    first_rows: np.ndarray | None = None  # ... and each chunk's layer-0 row in it
+    # Some chunk is compressed: each chunk's header (None: raw). Its layer slices are not S bytes at
+    # ℓ·S, so such a plan takes neither the mapped gather nor O_DIRECT groups: the decode pipeline reads them.
+    headers: list[ChunkHeader | None] | None = None
+    # Slices go as stored in ENCODED frames, the client decodes (CLIENT_DECODES, or DECODE_AUTO's choice).
+    send_encoded: bool = False
+    # Every sampled chunk was in the page cache: a mapped piece up to INLINE_GATHER_BYTES is gathered on the loop.
+    warm: bool = False
+
+    @classmethod
+    def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int,
+           headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
+        if headers is not None or descriptor.client_decodes:
+            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers, send_encoded=descriptor.client_decodes)
+        s = descriptor.per_layer_chunk_bytes
+        known = pinned.derived.get(("rows", s))  # the same pins as a transfer before (a resolved prefix)
+        rows, first_rows = known if known is not None else pinned.derived.setdefault(("rows", s), _mapped_rows(pinned, s))
+        return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
+
+    @property
+    def mapped(self) -> bool:
+        return self.rows is not None
+
+
+def _mapped_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
+    first = pinned.mapped[0] if pinned.mapped and size > 0 else None
+    if first is None or (rows := first.arena.rows(size)) is None or any(pinned.offsets):
+        return None, None
+    arena = first.arena
+    try:
+        slots = [m.index for m in pinned.mapped if m.arena is arena]  # type: ignore[union-attr]
+    except AttributeError:  # one is not mapped
+        return None, None
+    if len(slots) != len(pinned.mapped):
+        return None, None
+    return rows, np.asarray(slots, np.intp) * (arena.slot_bytes // size)
+
+
+def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s: float, started: float, first_layer_s: float) -> TransferStats:
+    """The END frame's report of a transfer that started at ``started``."""
+    return TransferStats(
+        layer_timeline=[[round(t, 6) for t in times] for times in timeline],
+        mode=plan.mode.name.lower(),
+        payload_bytes=plan.descriptor.payload_bytes,
+        storage_read_s=read_s,
+        delivery_s=deliver_s,
+        total_s=time.perf_counter() - started,
+        first_layer_s=first_layer_s,
+    )
