@@ -38,6 +38,9 @@ from .paths import Action, Move, actions, runs
 from .peer_client import PeerCall, PeerClient, PeerFault
 from .peer_server import FILL_BATCH
 
+LAND_BATCH = 4  # chunks of one peer stream written into the cache in one trip to a worker thread
+LAND_WINDOW = 2  # such batches of one stream being written at once
+
 log = logging.getLogger("objectcache.cluster")
 
 
@@ -244,31 +247,46 @@ class PeerFetcher:
         loop = asyncio.get_running_loop()
         started = loop.time()
 
-        async def land(index: int, data: bytes, version: str) -> None:
-            cid = wanted[index][1]
-            if have[index] or not cache.claim(cid):  # another request is fetching it (or it arrived meanwhile)
-                return
+        async def land(batch: list[tuple[int, bytes, str]]) -> None:
+            mine = [(i, data, version) for i, data, version in batch
+                    if not have[i] and cache.claim(wanted[i][1])]  # else another request is fetching it (or it arrived meanwhile)
             try:
-                if await cache.store_fetched(cid, data, version, pin_for.tenant):
-                    have[index] = True
-                    filled.pinned.append(cid)
-                    filled.paths[path] = filled.paths.get(path, 0) + len(data)
-                    self.tally.bytes[peer.node_id] = self.tally.bytes.get(peer.node_id, 0) + len(data)
+                stored = await cache.store_fetched_many([(wanted[i][1], data, version) for i, data, version in mine], pin_for.tenant)
+                for (i, data, _), ok in zip(mine, stored):
+                    if ok:
+                        have[i] = True
+                        filled.pinned.append(wanted[i][1])
+                        filled.paths[path] = filled.paths.get(path, 0) + len(data)
+                        self.tally.bytes[peer.node_id] = self.tally.bytes.get(peer.node_id, 0) + len(data)
             finally:
-                cache.release(cid)
+                for i, _, _ in mine:
+                    cache.release(wanted[i][1])
 
         t = self.tally  # the oracle's queued bytes: what this stream has yet to land
         asked = (hi - lo) * pin_for.chunk_bytes
         t.inflight[peer.node_id] = t.inflight.get(peer.node_id, 0) + asked
         landed = 0
 
-        async def counted(index: int, data: bytes, *more: str) -> None:
+        # Chunks are written into the cache LAND_BATCH at a time while the next ones arrive (up to LAND_WINDOW
+        # batches at once): a write awaited before the next read left the stream idle for a thread hop per chunk.
+        writing: list[asyncio.Future] = []  # every batch's landing, its outcome read once the stream is over
+        batch: list[tuple[int, bytes, str]] = []
+
+        async def flush() -> None:
+            writing.append(asyncio.ensure_future(land(batch.copy())))
+            batch.clear()
+            while len(busy := [w for w in writing if not w.done()]) >= LAND_WINDOW:
+                await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+
+        async def counted(index: int, data: bytes, version: str = "") -> None:
             nonlocal landed
             landed += len(data)
             t.inflight[peer.node_id] -= len(data)
             if flow is not None:
                 flow.landed(loop.time(), len(data))
-            await land(index, data, *more)
+            batch.append((index, data, version))
+            if len(batch) >= LAND_BATCH:
+                await flush()
 
         try:
             got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, counted)
@@ -277,7 +295,17 @@ class PeerFetcher:
             log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)
             ok = False
         finally:
+            if batch:  # what arrived before the stream ended (or broke) lands too
+                writing.append(asyncio.ensure_future(land(batch.copy())))
+                batch.clear()
+            wrote = await asyncio.gather(*writing, return_exceptions=True)  # none left running once the stream is over
             t.inflight[peer.node_id] -= asked - landed
+        for err in wrote:
+            if isinstance(err, OSError):  # a write into this node's cache failed: those chunks take another path
+                log.warning("cluster: writing %s's chunks failed (%s, request %s); they take another path", peer.node_id, err, pin_for.request_id)
+                ok = False
+            elif isinstance(err, BaseException):
+                raise err
         self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + loop.time() - started
         return ok
 

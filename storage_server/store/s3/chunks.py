@@ -66,6 +66,11 @@ def _write(path: Path, pieces: list[bytes]) -> None:
             f.write(p)
 
 
+def _write_each(files: list[tuple[Path, bytes]]) -> None:
+    for path, data in files:
+        _write(path, [data])
+
+
 def _open_all(paths: list[Path], fds: list[int]) -> None:
     """Open every path read-only, appending to ``fds`` as it goes (so the caller closes what was opened if one fails)."""
     for path in paths:
@@ -208,18 +213,24 @@ class S3ChunkSource(ChunkSource):
     async def store_fetched(self, cid: str, data: bytes, version: str = "", tenant: str = "") -> bool:
         """A whole chunk fetched elsewhere (a peer's copy of upstream ``version``), written through the cache and pinned
         (False: no room, nothing kept). Its version makes it revalidated like a copy fetched from the upstream."""
-        if not self.files.reserve(len(data), tenant):
-            return False
-        tmp = self.files.new_tmp()
+        return (await self.store_fetched_many([(cid, data, version)], tenant))[0]
+
+    async def store_fetched_many(self, chunks: list[tuple[str, bytes, str]], tenant: str = "") -> list[bool]:
+        """:meth:`store_fetched` for several ``(cid, data, version)`` at once: their files written in one trip to a
+        worker thread (a peer stream lands a few chunks at a time: a thread hop per chunk held its loop up)."""
+        room = [self.files.reserve(len(data), tenant) for _, data, _ in chunks]
+        kept = [(c, self.files.new_tmp()) for c, ok in zip(chunks, room) if ok]
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _write, tmp, [data])
+            await asyncio.get_running_loop().run_in_executor(None, _write_each, [(tmp, data) for (_, data, _), tmp in kept])
         except BaseException:
-            self.files.unreserve(len(data))
-            tmp.unlink(missing_ok=True)
+            for (_, data, _), tmp in kept:
+                self.files.unreserve(len(data))
+                tmp.unlink(missing_ok=True)
             raise
-        self.files.commit(cid, tmp, len(data), version, tenant=tenant)
-        self.files.policy.pin([cid])
-        return True
+        for (cid, data, version), tmp in kept:
+            self.files.commit(cid, tmp, len(data), version, tenant=tenant)
+            self.files.policy.pin([cid])
+        return room
 
     def cached_size(self, bucket_id: str, key: str) -> tuple[str, int | None]:
         """The chunk id of (bucket incarnation, key) and its cached size (None: not in the cache)."""
