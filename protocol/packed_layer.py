@@ -25,9 +25,9 @@ def packed_bytes(slice_bytes: Sequence[int]) -> int:
     return ENTRY.size * len(slice_bytes) + sum(slice_bytes)
 
 
-def fits(encoded_lengths: Sequence[int], chunk_bytes: int) -> bool:
-    """Whether a layer of these encoded slice lengths (without heads) packs into its raw place of ``N·S`` bytes."""
-    return packed_bytes([SLICE_HEAD.size + n for n in encoded_lengths]) <= len(encoded_lengths) * chunk_bytes
+def fits(slices_bytes: int, chunks: int, chunk_bytes: int) -> bool:
+    """Whether a layer of ``chunks`` slices of ``slices_bytes`` in all (heads included) packs into its raw place of ``N·S`` bytes."""
+    return ENTRY.size * chunks + slices_bytes <= chunks * chunk_bytes
 
 
 def unpack(what: str, data: memoryview, chunks: int) -> list[tuple[memoryview, int]]:

@@ -54,12 +54,16 @@ class _Copy:
 
 @dataclass
 class Taken:
-    """One kv-get's use of the copies: the copies it reads (open here, closed on release) and the identities of
-    the compressed chunks it still decodes (what a fill after it may copy)."""
+    """One kv-get's use of the copies: the plan's columns with each copy in place of its chunk, the copies it reads
+    (open here, closed on release) and the identities of the compressed chunks it still decodes (what a fill after it
+    may copy)."""
 
     ids: list[Identity | None]  # per chunk: the identity of a compressed chunk the node decodes, else None
+    fds: list[int]
+    offsets: list[int]
+    headers: list[ChunkHeader | None] | None  # None: every chunk is raw now (no decode at all)
     used: list[Identity] = field(default_factory=list)
-    fds: list[int] = field(default_factory=list)
+    opened: list[int] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -85,12 +89,12 @@ class DecodedCopies:
         self._closed = False
         self.hits = self.fills = self.evicted = self.skipped = 0
 
-    def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None]) -> tuple[list[int], list[int], list[ChunkHeader | None], Taken]:
+    def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None]) -> Taken:
         """The plan's columns with each compressed chunk that has a copy replaced by the copy (a raw chunk at offset 0);
         the copies stay readable until :meth:`release`. Runs off the event loop (a stat per compressed chunk)."""
         ids: list[Identity | None] = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
-        taken = Taken(ids)
         fds, offsets, headers = list(fds), list(offsets), list(headers)
+        taken = Taken(ids, fds, offsets, headers)
         with self._lock:
             for j, ident in enumerate(ids):
                 copy = self._copies.get(ident) if ident is not None else None
@@ -104,14 +108,16 @@ class DecodedCopies:
                 copy.readers += 1
                 self._copies.move_to_end(ident)  # type: ignore[arg-type]
                 taken.used.append(ident)  # type: ignore[arg-type]
-                taken.fds.append(fd)
+                taken.opened.append(fd)
                 taken.ids[j] = None
                 fds[j], offsets[j], headers[j] = fd, 0, None
-        return fds, offsets, headers, taken
+        if not any(h is not None for h in headers):
+            taken.headers = None
+        return taken
 
     def release(self, taken: Taken, used: bool = True) -> None:
         """The kv-get is over (``used``: it read the copies; False: it sent the stored bytes instead)."""
-        for fd in taken.fds:
+        for fd in taken.opened:
             os.close(fd)
         with self._lock:
             self.hits += taken.count if used else 0
@@ -119,7 +125,7 @@ class DecodedCopies:
                 if (copy := self._copies.get(ident)) is not None:
                     copy.readers -= 1
             self._evict(0)
-        taken.fds, taken.used = [], []
+        taken.opened, taken.used = [], []
 
     def fill(self, taken: Taken, fds: list[int], headers: list[ChunkHeader | None], keys: list[str]) -> None:
         """After a kv-get that decoded its compressed chunks: queue a copy of each not copied yet (the pinned files

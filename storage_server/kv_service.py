@@ -35,7 +35,7 @@ from protocol.kv_http import (
     hex_field,
     proof_bytes,
 )
-from protocol.packed_layer import ENTRY
+from protocol.packed_layer import fits
 from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.rpc import KVGetAccepted, encode_reply
 from protocol.verbs import VerbsDevice
@@ -341,15 +341,14 @@ class KVService:
         taken = None
         try:
             if self.copies is not None and reads.headers is not None and not reads.send_encoded:  # the node may decode
-                fds, offsets, headers, taken = await asyncio.get_running_loop().run_in_executor(
-                    self.executor.pool, self.copies.take, reads.fds, reads.offsets, reads.headers)
+                taken = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.copies.take, reads.fds, reads.offsets,
+                                                                         reads.headers)
             site = self._decode_site(info, reads, lease, taken.count if taken is not None else 0)
             if taken is not None and reads.send_encoded:  # the client decodes: the stored bytes, not the copies
                 self.copies.release(taken, used=False)  # type: ignore[union-attr]
                 taken = None
             elif taken is not None:
-                reads.fds, reads.offsets = fds, offsets
-                reads.headers = headers if any(h is not None for h in headers) else None
+                reads.fds, reads.offsets, reads.headers = taken.fds, taken.offsets, taken.headers
                 site["decoded_copies"] = taken.count
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
             if taken is not None and reads.headers is not None:
@@ -375,11 +374,9 @@ class KVService:
         s = d.per_layer_chunk_bytes
         per_layer = [wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers)]
         wire = sum(per_layer)
-        if d.target.transport == TransportKind.RDMA:
-            n = len(reads.headers)
-            if any(w + ENTRY.size * n > n * s for w in per_layer):  # packed into each layer's raw place (protocol.packed_layer)
-                reads.send_encoded = False
-                return {"site": "node", "reason": "rdma: a layer's slices as stored do not fit in its raw place", "wire_bytes": d.payload_bytes}
+        if d.target.transport == TransportKind.RDMA and not all(fits(w, len(reads.headers), s) for w in per_layer):
+            reads.send_encoded = False  # over rdma the slices go packed into each layer's raw place (protocol.packed_layer)
+            return {"site": "node", "reason": "rdma: a layer's slices as stored do not fit in its raw place", "wire_bytes": d.payload_bytes}
         if d.client_decodes:
             return {"site": "client", "reason": "the client asked (decode='client')", "wire_bytes": wire}
         choice = choose_site(d, reads.headers, lease.rate if lease is not None else None, self.executor.decoder.status(),

@@ -180,7 +180,8 @@ def test_a_packed_layer_unpacks_into_its_slices_and_a_bad_table_is_refused():
         pos += len(x)
     got = unpack("layer 0", memoryview(bytes(data)), 3)
     assert [(bytes(v), crc) for v, crc in got] == [(x, 100 + j) for j, x in enumerate(slices)]
-    assert fits([10, 10], SLICE_HEAD.size + 10 + ENTRY.size) and not fits([10, 10], SLICE_HEAD.size + 10 + ENTRY.size - 1)
+    two = 2 * (SLICE_HEAD.size + 10)
+    assert fits(two, 2, SLICE_HEAD.size + 10 + ENTRY.size) and not fits(two, 2, SLICE_HEAD.size + 10 + ENTRY.size - 1)
     ENTRY.pack_into(data, ENTRY.size * 2, 10_000, 0)  # the last entry runs past the layer
     with pytest.raises(S3Error, match="packed entry 2"):
         unpack("layer 0", memoryview(bytes(data)), 3)
