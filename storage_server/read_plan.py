@@ -49,7 +49,11 @@ class ReadPlan:
 
 
 def _mapped_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
+    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena
+    (or all are in one row source: the memory a capacity tier's kv-get received its peers' chunks into)."""
+    source = pinned.derived.get("row_source")
+    if source is not None and size > 0 and source.row_bytes % size == 0:
+        return source.rows(size), np.arange(len(pinned.fds), dtype=np.intp) * (source.row_bytes // size)
     first = pinned.mapped[0] if pinned.mapped and size > 0 else None
     if first is None or (rows := first.arena.rows(size)) is None or any(pinned.offsets):
         return None, None

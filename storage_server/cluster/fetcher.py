@@ -278,18 +278,33 @@ class PeerFetcher:
             while len(busy := [w for w in writing if not w.done()]) >= LAND_WINDOW:
                 await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
 
-        async def counted(index: int, data: bytes, version: str = "") -> None:
+        arrivals = filled.arrivals
+
+        def destination(index: int, size: int) -> memoryview | None:
+            """A raw chunk not had yet is received into its row of the kv-get's arrivals (cut-through, no cache file)."""
+            return None if arrivals is None or have[index] else arrivals.row(filled.rows[index], size)
+
+        async def counted(index: int, data: bytes | bytearray | memoryview, version: str = "") -> None:
             nonlocal landed
             landed += len(data)
             t.inflight[peer.node_id] -= len(data)
             if flow is not None:
                 flow.landed(loop.time(), len(data))
-            batch.append((index, data, version))
+            if arrivals is not None and arrivals.holds(filled.rows[index], data):
+                if not have[index]:
+                    have[index] = True
+                    arrivals.landed[filled.rows[index]] = version
+                    if cache.claim(wanted[index][1]):  # the cache gets it after the kv-get (else: cached, or another's)
+                        filled.claimed.append(wanted[index][1])
+                    filled.paths[path] = filled.paths.get(path, 0) + len(data)
+                    self.tally.bytes[peer.node_id] = self.tally.bytes.get(peer.node_id, 0) + len(data)
+                return
+            batch.append((index, bytes(data), version))
             if len(batch) >= LAND_BATCH:
                 await flush()
 
         try:
-            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, counted)
+            got = await self.client.fetch(peer, call, PeerFetchRange(lo, hi - lo, fill), pin_for.chunk_bytes, counted, destination)
             ok = got == hi - lo
         except PeerFault as e:
             log.warning("cluster: %s (request %s); the remaining chunks take another path", e, pin_for.request_id)

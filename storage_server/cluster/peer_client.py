@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from awscrt import checksums as crt
 
-from protocol.cluster import CHUNK_HEAD, MAX_VERSION_BYTES, NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
+from protocol.cluster import NOT_HELD, NodeInfo, PeerFetchAccepted, PeerFetchRange, PeerLookupReply
 from protocol.cluster_auth import sign_call
 from protocol.cluster_write import LAYER_DONE, WritePart
 from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, max_compressed_bytes
@@ -23,9 +23,10 @@ from protocol.errors import S3Error
 from protocol.rpc import MAX_REQUEST_LINE, Op, RpcRequest, decode_reply
 from protocol.wire import encode_keys
 
-# Told each chunk as it arrives (its index in the granted list and its bytes).
+from .chunk_stream import ChunkStream, Destination, StreamBroken
+
 # A checked chunk: its index in the granted list, its bytes and the upstream version the peer's copy holds ("": unknown).
-OnChunk = Callable[[int, bytes, str], Awaitable[None]]
+OnChunk = Callable[[int, bytearray | memoryview, str], Awaitable[None]]
 
 
 class PeerFault(Exception):
@@ -139,36 +140,45 @@ class PeerClient:
             raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
         return PeerWrite(peer, reader, writer, self.timeout_s)
 
-    async def fetch(self, peer: NodeInfo, call: PeerCall, want: PeerFetchRange, chunk_bytes: int, on_chunk: OnChunk) -> int:
+    async def fetch(self, peer: NodeInfo, call: PeerCall, want: PeerFetchRange, chunk_bytes: int, on_chunk: OnChunk,
+                    destination: Destination | None = None) -> int:
         """Stream ``want`` from ``peer``, checking each chunk, until it has sent all or says it holds no more; how many came.
-        PeerFault when the stream breaks, stalls or a chunk fails a check (the chunks before it were delivered)."""
-        reader, writer, reply = await self._open(peer, Op.PEER_FETCH, {**call.fields(), **want.to_json()}, encode_keys(call.keys))
+        PeerFault when the stream breaks, stalls or a chunk fails a check (the chunks before it were delivered).
+        Each chunk is received straight into its own buffer, or where ``destination`` says (:class:`.chunk_stream.ChunkStream`)."""
+        host, _, port = peer.address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        largest = max(chunk_bytes, max_compressed_bytes(chunk_bytes))
+        try:
+            _, stream = await asyncio.wait_for(loop.create_connection(lambda: ChunkStream(largest, destination=destination), host.strip("[]"), int(port)),
+                                               self.timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise PeerFault(f"{peer.node_id} unreachable ({type(e).__name__})") from None
         got = 0
         try:
-            PeerFetchAccepted.from_json(reply)
+            body = encode_keys(call.keys)
+            signed = sign_call(self.key, self.node_id, Op.PEER_FETCH.value, {**call.fields(), **want.to_json()}, body)
+            assert stream.transport is not None
+            stream.transport.write(RpcRequest(Op.PEER_FETCH, signed, len(body)).encode() + body)
+            PeerFetchAccepted.from_json(decode_reply(await stream.reply(self.timeout_s)))
             while got < want.count:
-                head = await asyncio.wait_for(reader.readexactly(CHUNK_HEAD.size), self.timeout_s)
-                index, size, crc, version_len = CHUNK_HEAD.unpack(head)
-                if size == NOT_HELD:
+                chunk = await stream.next(self.timeout_s)
+                if chunk.size == NOT_HELD:
                     break
-                if version_len > MAX_VERSION_BYTES:
-                    raise PeerFault(f"{peer.node_id} sent a {version_len}-byte version tag")
-                version = (await asyncio.wait_for(reader.readexactly(version_len), self.timeout_s)).decode("ascii", "replace")
-                if index != want.start + got:
-                    raise PeerFault(f"{peer.node_id} sent chunk {index} where {want.start + got} was due")
+                if chunk.index != want.start + got:
+                    raise PeerFault(f"{peer.node_id} sent chunk {chunk.index} where {want.start + got} was due")
+                size, data = chunk.size, chunk.data
                 if size != chunk_bytes and not FIXED_HEADER_BYTES <= size <= max_compressed_bytes(chunk_bytes):
                     raise PeerFault(f"{peer.node_id} sent {size} bytes for a {chunk_bytes}-byte chunk")
-                data = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
                 if size != chunk_bytes and data[: len(MAGIC)] != MAGIC:  # any other size must be a compressed chunk (checked whole by the kv-get)
                     raise PeerFault(f"{peer.node_id} sent {size} bytes for a {chunk_bytes}-byte chunk, not a compressed chunk")
-                if crt.crc32c(data) != crc:
-                    raise PeerFault(f"{peer.node_id} sent chunk {index} failing its CRC32C")
-                await on_chunk(index, data, version)
+                if crt.crc32c(data) != chunk.crc:
+                    raise PeerFault(f"{peer.node_id} sent chunk {chunk.index} failing its CRC32C")
+                await on_chunk(chunk.index, data, chunk.version)
                 got += 1
             return got
         except S3Error as e:
             raise PeerFault(f"{peer.node_id} answered garbage: {e.message}") from None
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+        except (OSError, asyncio.TimeoutError, StreamBroken, ValueError) as e:
             raise PeerFault(f"{peer.node_id} stream broke after {got} chunk(s) ({type(e).__name__})") from None
         finally:
-            writer.close()
+            stream.close()

@@ -54,8 +54,10 @@ def _s3_chunks(config: Config, store: ObjectStore) -> ChunkSource:
     from .s3.store import S3Store
 
     assert isinstance(store, S3Store)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2  # as the local store: half the process's file limit
     return S3ChunkSource(store, config.data_dir / "chunk-cache", config.cache.max_bytes, config.cache.fetch_concurrency,
-                         config.cache.revalidate_after_s, config.cache.policy, TenantQuotas.from_config(config))
+                         config.cache.revalidate_after_s, config.cache.policy, TenantQuotas.from_config(config),
+                         min(config.storage_server.open_files, limit))
 
 
 BACKENDS: dict[str, Backend] = {"local": Backend(_local_store, _local_chunks), "s3": Backend(_s3_store, _s3_chunks)}

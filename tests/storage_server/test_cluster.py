@@ -73,9 +73,13 @@ def test_a_prefix_warm_only_on_b_is_fetched_through_a_from_b_with_no_upstream_ge
     assert stats.server.paths == {"peer:b": n * CHUNK} and stats.server.failovers == 0, (stats.server, diagnose(a))
     assert chunk_gets(moto, bucket, before) == []  # not one chunk from the upstream
     assert status(b)["cluster"]["served"]["bytes"] - served == n * CHUNK
-    # Written through A's cache as an upstream fetch would be: the next kv-get is local.
+    # Received straight into the kv-get's memory (cut-through), and written through A's cache beside the delivery, as
+    # an upstream fetch would be: the next kv-get is local (it waits for any chunk still being written).
+    cache = status(a)["chunk_cache"]
+    assert cache["arrived"] >= n, cache
     payload, stats = run(_fetch(a, people["alice"], bucket, keys, transport))
     assert np.array_equal(payload, reference(LAYOUT, chunks)) and stats.server.paths == {"local": n * CHUNK}
+    assert status(a)["chunk_cache"]["arrived_cached"] - cache["arrived_cached"] <= n
 
 
 @pytest.mark.parametrize("g", [16, 64, 256])

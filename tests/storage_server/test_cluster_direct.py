@@ -204,8 +204,8 @@ def test_a_stalled_peer_is_fenced_and_writes_nothing_after_its_part_was_taken_ov
             run(_fetch(node, people["alice"], bucket, keys))
         ended = _served(slow)["writes_ended"]
         t, result = _start_fetch(a2, people, bucket, keys, hold)
-        try:
-            wait_for(lambda: _served(slow)["direct_layers"] >= 2, what="the slow peer writing")
+        try:  # as in the kill test: under load A's own set-up can take a good part of 20 s before b1 writes
+            wait_for(lambda: _served(slow)["direct_layers"] >= 2, timeout_s=60.0, what="the slow peer writing")
         except AssertionError:
             t.join(30)
             raise AssertionError((result, diagnose(a2), diagnose(slow))) from None

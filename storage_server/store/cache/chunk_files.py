@@ -23,6 +23,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from .deferred_touches import DeferredTouches
@@ -51,6 +52,8 @@ class ChunkFiles:
         self.confirmed: dict[str, float] = {}  # cid -> when (monotonic) the copy was last known current; absent: never (a restart)
         self.reserved = 0
         self.evicted = 0
+        self.unlinked: Callable[[Path], None] = lambda path: None  # told of every chunk file unlinked (its name may return)
+        self._dirs: set[str] = set()  # subdirectories known to exist (a mkdir per commit was a syscall per chunk)
         self._rebuild()
 
     def path(self, cid: str, size: int) -> Path:
@@ -122,7 +125,9 @@ class ChunkFiles:
             self.versions[cid] = version_tag(etag)
             self.confirmed[cid] = time.monotonic()
         final = self.path(cid, size)
-        final.parent.mkdir(exist_ok=True)
+        if cid[:2] not in self._dirs:
+            final.parent.mkdir(exist_ok=True)
+            self._dirs.add(cid[:2])
         os.rename(tmp, final)
         self.policy.add(cid, size, parent, tenant)
         self.ledger.stored(tenant, cid, size)
@@ -133,7 +138,9 @@ class ChunkFiles:
         size = self.policy.size(cid)
         if size is not None:
             self.policy.remove(cid)
-            self.path(cid, size).unlink(missing_ok=True)
+            path = self.path(cid, size)
+            path.unlink(missing_ok=True)
+            self.unlinked(path)
         self.versions.pop(cid, None)
         self.confirmed.pop(cid, None)
 

@@ -1,7 +1,7 @@
 """The local-disk store as a chunk source: chunk files pinned through a shared open-file cache, bounded by ``cache.max_bytes``.
 
 Pinning a chunk takes a reference on its open file descriptor (opened once,
-kept between transfers, and mapped; see :mod:`storage_server.store.localdisk.open_files`). A delete
+kept between transfers, and mapped; see :mod:`storage_server.store.open_files`). A delete
 or overwrite of a pinned chunk unlinks its file, but the pinned descriptor
 still reads the bytes the transfer was planned with.
 
@@ -34,7 +34,7 @@ from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
 from .locations import Location, LocationCache
-from .open_files import MissingFile, OpenFileCache
+from ..open_files import MissingFile, OpenFileCache
 from .resolved import Resolved, ResolvedPrefixes
 from .store import LocalDiskStore
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..chunk_source import PinnedChunks
 from ..mapped_files import MappedSlot
-from .open_files import OpenFileCache
+from ..open_files import OpenFileCache
 
 MAX_ENTRIES = 64
 

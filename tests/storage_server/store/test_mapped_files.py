@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from storage_server.store.localdisk.open_files import OpenFileCache
+from storage_server.store.open_files import OpenFileCache
 from storage_server.store.mapped_files import PAGE, MappedFiles, MappedSlot
 
 

@@ -9,7 +9,7 @@ import pytest
 from kvsupport import client, keys_for, make_chunks, rpc, run, tiny_layout
 from support import boto_client, serving
 
-from storage_server.store.localdisk.open_files import MissingFile, OpenFileCache
+from storage_server.store.open_files import MissingFile, OpenFileCache
 
 
 @pytest.fixture
@@ -28,7 +28,8 @@ def test_a_second_transfer_reuses_the_open_fds(files):
     cache.release(files[:3])
     assert cache.acquire(files[:3]) == first
     assert [os.pread(fd, 1, 0) for fd in first] == [b"\x00", b"\x01", b"\x02"]
-    assert cache.status() | {"capacity": 16} == {"files": 3, "in_use": 3, "capacity": 16, "hits": 3, "misses": 3}
+    assert cache.status() | {"capacity": 16} == {"files": 3, "in_use": 3, "capacity": 16, "hits": 3, "misses": 3,
+                                                       "forgotten_in_use": 0}
     cache.close()
 
 
@@ -55,6 +56,46 @@ def test_idle_files_beyond_capacity_are_closed_oldest_first_but_never_in_use_one
     with pytest.raises(OSError):
         os.fstat(busy[0])
     cache.release(files[1:3])
+    cache.close()
+
+
+def _rewrite(path: str, data: bytes) -> None:
+    """A store that reuses a name: the old file unlinked, a new one renamed into its place."""
+    os.unlink(path)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.rename(path + ".tmp", path)
+
+
+def test_a_forgotten_idle_file_is_closed_and_the_next_acquire_opens_the_new_one_at_its_name(files):
+    cache = OpenFileCache(16)
+    old = cache.acquire(files[:1])
+    cache.release(files[:1])
+    _rewrite(files[0], b"new bytes")
+    cache.forget(files[0])
+    with pytest.raises(OSError):
+        os.fstat(old[0])  # closed at once: nobody held it
+    new = cache.acquire(files[:1])
+    assert os.pread(new[0], 9, 0) == b"new bytes" and cache.status()["misses"] == 2
+    cache.release(files[:1], new)
+    cache.close()
+
+
+def test_a_forgotten_file_a_transfer_holds_stays_readable_until_that_transfer_releases_it(files):
+    cache = OpenFileCache(16)
+    held = cache.acquire(files[:2])
+    _rewrite(files[0], b"new bytes")
+    cache.forget(files[0])
+    assert os.pread(held[0], 8, 0) == b"\x00" * 8 and cache.status()["forgotten_in_use"] == 1  # the holder's bytes
+    newer = cache.acquire(files[:1])  # a later transfer gets the file now at that name
+    assert newer[0] != held[0] and os.pread(newer[0], 9, 0) == b"new bytes"
+    cache.release(files[:2], held)  # by fd: the forgotten entry is the one given back, and closed
+    assert cache.status()["forgotten_in_use"] == 0 and cache.status()["in_use"] == 1
+    with pytest.raises(OSError):
+        os.fstat(held[0])
+    assert os.pread(newer[0], 9, 0) == b"new bytes"
+    cache.release(files[:1], newer)
+    assert cache.status()["in_use"] == 0
     cache.close()
 
 

@@ -12,6 +12,10 @@ Entries in use by a running transfer are never closed; idle ones are closed in
 LRU order above ``capacity``. A file unlinked by a delete or overwrite (in
 either process) keeps its disk space while an fd holds it, so :meth:`sweep`
 closes idle fds whose file has no links left; the daemon calls it periodically.
+A store that does reuse a name (the s3 backend's chunk cache writes a refetched
+chunk at the same path) calls :meth:`forget` when it unlinks one: the next
+acquire opens the new file, and a transfer holding the old one keeps reading it
+until it releases (by fd, so the old entry is the one released).
 
 With a :class:`~storage_server.store.mapped_files.MappedFiles`, an entry acquired
 with its size also keeps the file mapped (see that module): the executor gathers a
@@ -26,7 +30,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..mapped_files import MappedFiles, MappedSlot
+from .mapped_files import MappedFiles, MappedSlot
 
 
 class MissingFile(Exception):
@@ -50,6 +54,7 @@ class OpenFileCache:
         self.capacity = capacity
         self.mapper = mapper
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._forgotten: dict[int, _Entry] = {}  # fd -> an entry forgotten while a transfer held it
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -95,29 +100,37 @@ class OpenFileCache:
                     raise MissingFile(i) from None
                 fds[i] = self._insert(paths[i], fd).fd
         except BaseException:
-            self.release([p for p, fd in zip(paths, fds) if fd is not None])
+            taken = [(p, fd) for p, fd in zip(paths, fds) if fd is not None]
+            self.release([p for p, _ in taken], [fd for _, fd in taken])  # type: ignore[misc]
             raise
         if sizes is not None and self.mapper is not None:
-            self._map(paths, sizes)
+            self._map(paths, sizes, fds)  # type: ignore[arg-type]
         self._trim()
         return fds  # type: ignore[return-value]
 
-    def _map(self, paths: list[str], sizes: list[int]) -> None:
+    def _map(self, paths: list[str], sizes: list[int], fds: list[int]) -> None:
         """Map held entries not tried yet (each is tried once: a refusal is not retried on every fetch)."""
         todo: list[tuple[_Entry, int]] = []
         with self._lock:
-            for path, size in zip(paths, sizes):
-                e = self._entries[path]
+            for path, size, fd in zip(paths, sizes, fds):
+                e = self._held(path, fd)
                 if not e.map_tried:
                     e.map_tried = True
                     todo.append((e, size))
         for e, size in todo:  # the entries are held (users > 0): nobody closes them meanwhile
             e.slot = self.mapper.map(e.fd, size)  # type: ignore[union-attr]
 
-    def slots(self, paths: list[str]) -> list[MappedSlot | None]:
-        """The mappings of held paths (None where a file is not mapped)."""
+    def _held(self, path: str, fd: int) -> _Entry:
+        """The entry a caller holds for ``path`` through ``fd`` (forgotten meanwhile or not). Under the lock."""
+        entry = self._entries.get(path)
+        return entry if entry is not None and entry.fd == fd else self._forgotten[fd]
+
+    def slots(self, paths: list[str], fds: list[int] | None = None) -> list[MappedSlot | None]:
+        """The mappings of held paths (None where a file is not mapped); ``fds`` as ``acquire`` returned them."""
         with self._lock:
-            return [self._entries[p].slot for p in paths]
+            if fds is None:
+                return [self._entries[p].slot for p in paths]
+            return [self._held(p, fd).slot for p, fd in zip(paths, fds)]
 
     def _insert(self, path: str, fd: int) -> _Entry:
         with self._lock:
@@ -131,11 +144,30 @@ class OpenFileCache:
             self._entries.move_to_end(path)
             return entry
 
-    def release(self, paths: list[str]) -> None:
+    def release(self, paths: list[str], fds: list[int] | None = None) -> None:
+        """Give back entries taken by ``acquire``; with ``fds`` (what it returned), an entry forgotten meanwhile is
+        the one given back (and closed once no transfer holds it)."""
+        closing: list[_Entry] = []
         with self._lock:
-            for path in paths:
-                self._entries[path].users -= 1
+            for i, path in enumerate(paths):
+                entry = self._entries[path] if fds is None else self._held(path, fds[i])
+                if entry.users == 1 and fds is not None and self._forgotten.get(fds[i]) is entry:
+                    closing.append(self._forgotten.pop(fds[i]))
+                entry.users -= 1
+        for entry in closing:
+            self._close(entry)
         self._trim()
+
+    def forget(self, path: str) -> None:
+        """``path`` was unlinked and may be written again: close its idle entry, or set a held one aside (it stays
+        open and mapped for the transfers holding it, and is closed by their last ``release``)."""
+        with self._lock:
+            entry = self._entries.pop(path, None)
+            if entry is not None and entry.users > 0:
+                self._forgotten[entry.fd] = entry
+                entry = None
+        if entry is not None:
+            self._close(entry)
 
     def _trim(self) -> None:
         """Close idle entries, oldest first, until within capacity."""
@@ -177,14 +209,15 @@ class OpenFileCache:
         kept = kept or {}
         with self._lock:
             counts = {"files": len(self._entries), "in_use": sum(1 for p, e in self._entries.items() if e.users > kept.get(p, 0)),
-                      "capacity": self.capacity, "hits": self.hits, "misses": self.misses}
+                      "capacity": self.capacity, "hits": self.hits, "misses": self.misses, "forgotten_in_use": len(self._forgotten)}
         if self.mapper is not None:
             counts["mapped"] = self.mapper.status()["mapped"]
         return counts
 
     def close(self) -> None:
         with self._lock:
-            entries, self._entries = list(self._entries.values()), OrderedDict()
+            entries, self._entries = [*self._entries.values(), *self._forgotten.values()], OrderedDict()
+            self._forgotten = {}
         for e in entries:
             self._close(e)
         if self.mapper is not None:
