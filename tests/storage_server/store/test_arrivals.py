@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from storage_server.store.cache.chunk_files import ChunkFiles
-from storage_server.store.s3.arrivals import Arrivals, Owed, copy_rows, land
+from storage_server.store.s3.arrivals import Arrivals, MemfdPool, Owed, copy_rows, land
 
 
 def test_a_chunk_of_the_arena_size_is_received_in_its_row_and_any_other_size_gets_no_row():
@@ -34,7 +34,7 @@ def test_rows_of_a_layer_slice_are_what_the_executor_gathers():
     a.let_go()
 
 
-def test_the_memory_is_freed_only_when_every_holder_let_go_and_a_view_still_held_stays_readable():
+def test_the_memory_is_given_back_only_when_every_holder_let_go_and_a_view_still_held_stays_readable():
     a = Arrivals.make(2, 16)
     a.view(0)[:] = b"x" * 16
     kept = a.rows(16)  # what an executor still holds
@@ -44,6 +44,20 @@ def test_the_memory_is_freed_only_when_every_holder_let_go_and_a_view_still_held
     a.let_go()
     assert a.fd == -1
     assert bytes(kept[0]) == b"x" * 16  # the mapping lives as long as a view of it
+
+
+def test_an_idle_buffer_is_reused_by_the_next_kv_get_of_a_similar_size_but_not_of_a_much_smaller_one():
+    pool = MemfdPool(keep=1)
+    fd, m = pool.take(32 << 10)
+    m[:4] = b"seen"
+    pool.give(fd, m)
+    again = pool.take(24 << 10)  # three quarters of the idle buffer: reused, its pages already in memory
+    assert again[0] == fd and again[1][:4] == b"seen"
+    pool.give(*again)
+    other = pool.take(4 << 10)  # an eighth of it: a buffer of its own
+    assert other[0] != fd
+    pool.give(*other)  # the pool keeps one: this one is freed
+    assert pool.take(32 << 10)[0] == fd
 
 
 def test_cached_files_are_copied_into_their_rows(tmp_path):
