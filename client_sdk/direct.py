@@ -20,6 +20,9 @@ from protocol.rpc import MAX_REQUEST_LINE, KVGetAccepted, Op, RpcRequest, decode
 from protocol.wire import FRAME_SIZE, Frame, unpack_frame
 
 CONNECT_TIMEOUT_S = 10.0
+# One receive of frame headers takes up to this much: a burst of LAYER frames is one syscall (py-spy, shm G64x64: a
+# receive per 32-byte frame, each with the selector's register/unregister when it had to wait, was the client's loop).
+FRAME_BURST = 4096
 
 
 class DirectFrameStream:
@@ -29,6 +32,7 @@ class DirectFrameStream:
         self._sock = sock
         self._timeout = read_timeout
         self._pending = memoryview(b"")
+        self._burst = memoryview(bytearray(FRAME_BURST))
         self._eof = False
         self.accepted: KVGetAccepted | None = None
         self.grant: DirectGrant | None = None
@@ -118,13 +122,22 @@ class DirectFrameStream:
         return bytes(out)
 
     async def next_frame(self) -> Frame | None:
+        """The next frame header. A receive takes up to ``FRAME_BURST`` bytes: the frames the server wrote meanwhile
+        (shm: LAYER frames, no payload) are parsed from it with no further syscall or wait. Payload bytes it took are
+        handed to the payload's reader first (``_pending``); the buffer is reused only once they are consumed."""
+        if not self._pending:
+            got = await self._recv_into(self._burst)
+            if not got:
+                self.broken = True  # a stream ends after its END or ERROR frame, which the reader does not read past
+                return None
+            self._pending = self._burst[:got]
+        if len(self._pending) >= FRAME_SIZE:
+            frame = unpack_frame(self._pending[:FRAME_SIZE])
+            self._pending = self._pending[FRAME_SIZE:]
+            return frame
         head = bytearray(FRAME_SIZE)
-        got = await self._recv_into(memoryview(head))
-        if not got:
-            self.broken = True  # a stream ends after its END or ERROR frame, which the reader does not read past
-            return None
-        if got < FRAME_SIZE:
-            await self.read_into(memoryview(head)[got:], FRAME_SIZE - got)
+        got = await self._recv_into(memoryview(head))  # the partial header that was pending
+        await self.read_into(memoryview(head)[got:], FRAME_SIZE - got)
         return unpack_frame(bytes(head))
 
     async def read_payload(self, n: int) -> bytearray:
