@@ -44,6 +44,7 @@ CASES = [(16, 256), (16, 1024), (64, 64), (64, 256), (256, 64), (256, 256)]  # (
 QUICK_CASES = [(16, 16), (64, 8)]
 QUICK_SCALE = 64
 PEERS = ("mooncake", "lmcache", "redis")
+OBJECTCACHE_PATHS = ("shm", "shm-local", "http", "rdma")  # rdma where this process has an RDMA engine
 READERS = ("Mooncake-shm", "Mooncake-TCP", "LMCache-server", "Redis-MGET")
 SERVER_TOML = '[storage_server]\ndata_listen = "127.0.0.1:0"\n'  # http kv-gets from the storage server's data endpoint
 
@@ -179,15 +180,16 @@ class Peers:
 
 
 async def run_case(c: ObjectCacheClient, local: ObjectCacheClient, peers: Peers, g: int, n: int, scale: int, repeats: int,
-                   scratch: np.ndarray) -> dict:
+                   scratch: np.ndarray, paths: tuple[str, ...] = OBJECTCACHE_PATHS) -> dict:
     case = make_case(g, n, scale)
     keys = chunk_keys(np.random.default_rng(g + n).integers(0, 128_000, n * g), g, case.tag)
     await c.put_chunks(keys, list(case.chunks), case.layout)
     runs: dict[str, list[Run]] = {"memcpy": time_sync(case, "memcpy", memcpy_reader(case), scratch, repeats)}
-    for transport in ("shm", "http") + (("rdma",) if rdma_available()[0] else ()):
-        runs[f"ObjectCache-{transport}"] = await time_objectcache(c, case, keys, transport, repeats)
-        if transport == "shm":
-            runs["ObjectCache-shm-local"] = await time_objectcache(local, case, keys, transport, repeats)
+    for path in paths:
+        if path == "rdma" and not rdma_available()[0]:
+            continue
+        client = local if path == "shm-local" else c
+        runs[f"ObjectCache-{path}"] = await time_objectcache(client, case, keys, path.removesuffix("-local"), repeats)
     for loader in peers.loaders:
         loader.load(case)  # type: ignore[attr-defined]
     for name, reader in peers.readers.items():
@@ -218,7 +220,7 @@ async def run_all(args: argparse.Namespace, cases: list[tuple[int, int]]) -> tup
                 ObjectCacheClient(srv.endpoint, srv.access_key, srv.secret_key, bucket="bench-peers", local_session=True) as local:
             await c.ensure_bucket()
             for g, n in progress(cases, desc="peers"):
-                rows.append(await run_case(c, local, peers, g, n, args.scale, args.repeats, scratch))
+                rows.append(await run_case(c, local, peers, g, n, args.scale, args.repeats, scratch, tuple(args.paths)))
         return rows, peers.skipped
     finally:
         peers.close()
@@ -232,7 +234,7 @@ def case_name(r: dict) -> str:
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.scale, args.repeats = QUICK_SCALE, min(args.repeats, 2)
-    cases = QUICK_CASES if args.quick else CASES
+    cases = args.cases or (QUICK_CASES if args.quick else CASES)
     # Mooncake's libraries log through glog to stderr: warnings and errors only.
     os.environ.setdefault("GLOG_minloglevel", "1")
     rows, skipped = asyncio.run(run_all(args, cases))
@@ -260,7 +262,7 @@ def targets(rows: list[dict]) -> dict[str, bool]:
     met = {}
     for ours, theirs in (("ObjectCache-shm", "Mooncake-shm"), ("ObjectCache-shm-local", "Mooncake-shm"), ("ObjectCache-http", "Mooncake-TCP"),
                          ("ObjectCache-http", "Redis-MGET")):
-        if all(theirs in r["paths"] for r in rows):
+        if all(ours in r["paths"] and theirs in r["paths"] for r in rows):
             met[f"{ours} ≥ {theirs} at every size"] = all(r["paths"][ours]["gb_per_s"] >= r["paths"][theirs]["gb_per_s"] for r in rows)
     return met
 
@@ -283,3 +285,22 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=15, help="timed runs per path (the median is reported, with the spread)")
     p.add_argument("--peers", type=lambda s: [x for x in s.split(",") if x], default=list(PEERS),
                    help=f"comma-separated peers to run (default: {','.join(PEERS)})")
+    p.add_argument("--cases", type=_cases, default=None, metavar="GxN,…",
+                   help="only these prefixes, G tokens a chunk × N chunks (e.g. 64x64,256x64); default: the full table")
+    p.add_argument("--paths", type=_paths, default=list(OBJECTCACHE_PATHS), metavar="PATH,…",
+                   help=f"ObjectCache paths to run (default: {','.join(OBJECTCACHE_PATHS)})")
+
+
+def _cases(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(g), int(n)) for g, n in (c.lower().replace("×", "x").split("x") for c in text.split(",") if c)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cases are GxN pairs separated by commas, not {text!r}") from None
+
+
+def _paths(text: str) -> list[str]:
+    paths = [p for p in text.split(",") if p]
+    unknown = set(paths) - set(OBJECTCACHE_PATHS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown path(s) {', '.join(sorted(unknown))}; choose from {', '.join(OBJECTCACHE_PATHS)}")
+    return paths

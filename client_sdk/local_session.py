@@ -119,7 +119,8 @@ class LocalSession:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
-            await asyncio.wait_for(loop.sock_connect(sock, path), CONNECT_TIMEOUT_S)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # a deadline, not a task per kv-get (wait_for makes one)
+                await loop.sock_connect(sock, path)
             await loop.sock_sendall(sock, request.encode() + body)
         except (OSError, asyncio.TimeoutError) as e:
             sock.close()

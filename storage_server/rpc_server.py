@@ -154,7 +154,8 @@ class RpcServer:
         try:
             while True:
                 try:
-                    read = await asyncio.wait_for(self._read_request(reader), self.request_timeout_s)
+                    async with asyncio.timeout(self.request_timeout_s):  # a deadline, not a task per request (wait_for makes one)
+                        read = await self._read_request(reader)
                 except _RefusedUnread as refused:  # its body is still in the stream: answer and close
                     writer.write(encode_error(refused.error))
                     await writer.drain()

@@ -93,7 +93,9 @@ class TransferStats:
     decode_site: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as they are (every one is already JSON: numbers, strings, lists, dicts); the END frame encodes them at
+        once. ``dataclasses.asdict`` deep-copied the per-layer timeline first (3% of a G64x64 kv-get's loop time, py-spy)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> "TransferStats":

@@ -40,6 +40,22 @@ class FrameSink:
             self.writer.write(p)
         await self._flushed()
 
+    def send_now(self, frame: bytes) -> bool:
+        """Write a small frame without awaiting, where nothing is queued ahead of it and no pace applies; False: use
+        :meth:`send`. Whatever the socket did not take at once is flushed by the caller's next :meth:`flushed`."""
+        transport = self.writer.transport
+        if self.pace is not None or transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        self.writer.write(frame)
+        return True
+
+    def queued(self) -> bool:
+        """Bytes written that the socket has not taken yet (the receiver is behind)."""
+        return bool(self.writer.transport.get_write_buffer_size())
+
+    async def flushed(self) -> None:
+        await self._flushed()
+
     async def _flushed(self) -> None:
         """Wait until everything written has left; a receiver that takes no byte for ``stall_s`` is cut off:
         the connection is aborted (dropping what it still queues, which references staging buffers) and
@@ -98,6 +114,8 @@ class Transport(abc.ABC):
     tag: int = 0
     # Piece buffers are the client's own memory (not staging), so cold chunks may be read straight into them.
     reads_into_destination: bool = False
+    # Delivering a piece is nothing and a layer's readiness one LAYER frame (shm): see :meth:`layer_ready_now`.
+    notify_only: bool = False
     # Piece buffers are staging memory allocated page-aligned, so cold chunks may be read into them with O_DIRECT too
     # (a whole layer per piece, one layer at a time through the rotating buffers).
     aligned_staging: bool = False
@@ -135,6 +153,11 @@ class Transport(abc.ABC):
     async def layer_ready(self, layer: int, checksum: int) -> None:
         """Notify the client that ``layer`` is complete, in layer order."""
         await self.frames.layer_ready(layer, self.layer_offset(layer), self.layer_bytes, checksum)
+
+    def layer_ready_now(self, layer: int, checksum: int) -> bool:
+        """:meth:`layer_ready` written at once, no task and no await (``notify_only`` transports, nothing queued ahead
+        of it); False: await :meth:`layer_ready` instead."""
+        return self.notify_only and self.frames.send_now(pack_frame(FrameType.LAYER, layer, self.layer_offset(layer), self.layer_bytes, checksum))
 
     async def deliver_payload(self, data: memoryview, checksums: list[int]) -> None:
         """Chunkwise: the whole payload, then every layer's notification at the end."""

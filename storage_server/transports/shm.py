@@ -13,6 +13,7 @@ from .base import FrameSink, OpenRequest, Transport
 class ShmTransport(Transport):
     name = "shm"
     reads_into_destination = True
+    notify_only = True
 
     def __init__(self, frames: FrameSink, region: MappedRegion, base_offset: int, chunk_bytes: int, num_chunks: int, num_layers: int) -> None:
         super().__init__(frames, base_offset, chunk_bytes, num_chunks, num_layers)

@@ -1,0 +1,69 @@
+"""The direct frame stream's reads over a real socket pair: a burst of frames parsed from one receive, a payload that
+began inside that receive, waits that keep the socket's reader registered, and a closed stream leaving no reader behind
+(its descriptor number is reused by the next socket)."""
+
+import asyncio
+import socket
+
+from client_sdk.direct import FRAME_BURST, DirectFrameStream
+from protocol.wire import FrameType, pack_frame
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    return ours, theirs
+
+
+def test_burst_of_frames_then_a_payload_across_the_receive():
+    async def main():
+        ours, theirs = _pair()
+        stream = DirectFrameStream(ours, read_timeout=30)
+        payload = bytes(range(256)) * 64  # 16 KiB: begins inside the first receive, ends past it
+        theirs.sendall(b"".join(pack_frame(FrameType.LAYER, layer, layer * 10, 10) for layer in range(3))
+                       + pack_frame(FrameType.DATA, 3, 30, len(payload)) + payload)
+        got = [await stream.next_frame() for _ in range(4)]
+        assert [(f.type, f.layer, f.offset) for f in got] == [(FrameType.LAYER, i, i * 10) for i in range(3)] + [(FrameType.DATA, 3, 30)]
+        dest = bytearray(len(payload))
+        await stream.read_into(memoryview(dest), len(payload))
+        assert bytes(dest) == payload and len(payload) > FRAME_BURST
+        stream.close()
+        theirs.close()
+    asyncio.run(main())
+
+
+def test_waits_before_each_frame_and_close_leaves_no_reader():
+    async def main():
+        loop = asyncio.get_running_loop()
+        for round in range(4):  # each stream's socket likely reuses the descriptor number the one before closed
+            ours, theirs = _pair()
+            stream = DirectFrameStream(ours, read_timeout=30)
+            for layer in range(4):
+                pending = asyncio.ensure_future(stream.next_frame())
+                await asyncio.sleep(0.01)  # the stream is waiting, its reader registered
+                assert not pending.done()
+                theirs.sendall(pack_frame(FrameType.LAYER, layer))
+                frame = await asyncio.wait_for(pending, 30)
+                assert (frame.type, frame.layer) == (FrameType.LAYER, layer)
+            if round % 2:  # bytes nobody waits for: the reader is dropped (no busy loop), the next read takes them at once
+                theirs.sendall(pack_frame(FrameType.LAYER, 9))
+                await asyncio.sleep(0.01)
+                assert (await stream.next_frame()).layer == 9
+            # else: closed while its reader is still registered (the last wait's)
+            fd = ours.fileno()
+            stream.close()
+            theirs.close()
+            assert not loop.remove_reader(fd)  # nothing left registered for the closed descriptor
+    asyncio.run(main())
+
+
+def test_end_of_stream_while_waiting():
+    async def main():
+        ours, theirs = _pair()
+        stream = DirectFrameStream(ours, read_timeout=30)
+        pending = asyncio.ensure_future(stream.next_frame())
+        await asyncio.sleep(0.01)
+        theirs.close()
+        assert await asyncio.wait_for(pending, 30) is None and stream.broken
+        stream.close()
+    asyncio.run(main())
