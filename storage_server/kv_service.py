@@ -89,7 +89,8 @@ class KVService:
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
         self.fds = FdBudget()
-        self.copies = DecodedCopies(Path(config.store.data_dir) / "decoded-copies", zc.decoded_copies_bytes) if zc.decoded_copies_bytes else None
+        self.copies = (DecodedCopies(Path(config.store.data_dir) / "decoded-copies", zc.decoded_copies_bytes, mapper=chunks.mapper)
+                       if zc.decoded_copies_bytes else None)
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
         self.pool = BandwidthPool(
@@ -342,14 +343,16 @@ class KVService:
         try:
             if self.copies is not None and reads.headers is not None and not reads.send_encoded:  # the node may decode
                 taken = await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.copies.take, reads.fds, reads.offsets,
-                                                                         reads.headers)
+                                                                         reads.headers, reads.slots)
             site = self._decode_site(info, reads, lease, taken.count if taken is not None else 0)
             if taken is not None and reads.send_encoded:  # the client decodes: the stored bytes, not the copies
                 self.copies.release(taken, used=False)  # type: ignore[union-attr]
                 taken = None
             elif taken is not None:
-                reads.fds, reads.offsets, reads.headers = taken.fds, taken.offsets, taken.headers
+                reads.with_copies(taken.fds, taken.offsets, taken.headers, taken.mapped)
                 site["decoded_copies"] = taken.count
+                if taken.count:  # how they are read: gathered from the mapped arena as raw chunks are, or with preadv
+                    site["decoded_copies_read"] = "gathered" if reads.mapped else ("pipeline" if reads.headers is not None else "preadv")
             stats = await self.executor.run(reads, transport, Pacers(pacers) if pacers else None)
             if taken is not None and reads.headers is not None:
                 self.copies.fill(taken, reads.fds, reads.headers, info.descriptor.chunk_keys)  # type: ignore[union-attr]
