@@ -3,9 +3,9 @@
 Chunks stored compressed hold more prefixes per byte, but every warm hit the node decodes (shm and
 rdma always, http where the decode site is the node) pays the decoder: on a fast link the decoder,
 not the link, is then the slowest stage, and a compressed prefix loads slower than a raw one would.
-With ``compression.decoded_copies_bytes`` > 0 the node keeps, within that budget, a raw copy (L·S
-bytes, layer-major) of each compressed chunk it decoded for a kv-get; the next kv-get that the node
-would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a slow link: the encoded
+Within ``compression.decoded_copies_bytes`` (on by default: ``CompressionConfig.copies_budget``) the
+node keeps a raw copy (L·S bytes, layer-major) of each compressed chunk it decoded for a kv-get; the
+next kv-get that the node would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a slow link: the encoded
 bytes are what it wants) reads the stored object as before.
 
 A copy is keyed by the identity of the exact file the store pinned (device, inode, size, mtime and

@@ -89,8 +89,8 @@ class KVService:
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
         self.fds = FdBudget()
-        self.copies = (DecodedCopies(Path(config.store.data_dir) / "decoded-copies", zc.decoded_copies_bytes, mapper=chunks.mapper)
-                       if zc.decoded_copies_bytes else None)
+        copies = zc.copies_budget(config.cache.max_bytes)
+        self.copies = DecodedCopies(Path(config.store.data_dir) / "decoded-copies", copies, mapper=chunks.mapper) if copies else None
         self.pacer_factories = list(pacers)
         bw = config.bandwidth
         self.pool = BandwidthPool(
