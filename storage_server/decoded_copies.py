@@ -21,7 +21,8 @@ A copy is served exactly as a raw chunk is: each is mapped at a slot of the stor
 copies is one arena of L·S-byte slots) and the executor gathers a layer of them with one ``np.take``, warm and small
 pieces on the event loop. A copy a transfer reads is never evicted, so its slot is never unmapped or given to another
 file under that transfer; an evicted copy is unmapped before its slot can be reused, and forgotten, so nothing reads
-its rows afterwards. Past the mapping bound a copy is read with ``preadv`` like an unmapped raw chunk.
+its rows afterwards. Copies map at most half of the mapper's bound (the store's own chunk files keep the rest); past it
+a copy is read with ``preadv`` like an unmapped raw chunk.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ class DecodedCopies:
                 with open(tmp, "w+b") as f:  # readable: the mapping needs it
                     f.write(memoryview(raw))
                     f.flush()
-                    slot = self.mapper.map(f.fileno(), raw.nbytes)  # None past the mapping bound: read with preadv
+                    if self._mapped_copies() < self.mapper.max_mapped // 2:  # the store's own chunk files keep half the mappings
+                        slot = self.mapper.map(f.fileno(), raw.nbytes)  # None past the mapping bound: read with preadv
                 os.rename(tmp, path)
             except BaseException:
                 if slot is not None:
@@ -208,6 +210,10 @@ class DecodedCopies:
             os.close(fd)
             with self._lock:
                 self._pending.discard(ident)
+
+    def _mapped_copies(self) -> int:
+        with self._lock:
+            return sum(c.slot is not None for c in self._copies.values())
 
     def _evict(self, room: int) -> bool:
         """Evict least recently used copies no transfer reads until ``room`` more bytes fit (lock held); False: they cannot."""
@@ -232,7 +238,7 @@ class DecodedCopies:
         with self._lock:
             return {"max_bytes": self.max_bytes, "bytes": self._bytes, "chunks": len(self._copies), "hits": self.hits,
                     "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending),
-                    "mapped": sum(c.slot is not None for c in self._copies.values())}
+                    "mapped": sum(c.slot is not None for c in self._copies.values()), "max_mapped": self.mapper.max_mapped // 2}
 
     def close(self) -> None:
         """Stop filling (queued fills only close their files) and unmap every copy (before the store's arenas go; no

@@ -123,3 +123,25 @@ def test_a_copy_a_transfer_holds_stays_mapped_while_others_would_need_its_room(t
         copies.close()
         os.close(fa)
         os.close(fb)
+
+
+def test_copies_map_at_most_half_of_the_mappings_and_the_rest_are_still_served(tmp_path):
+    mapper = MappedFiles(4)
+    if mapper.max_mapped < 4:
+        pytest.skip("no mappings on this platform")
+    raws = kv_chunks(LAYOUT, 3, seed=6)
+    stored = [_stored(tmp_path, f"c{i}", raw) for i, raw in enumerate(raws)]
+    copies = DecodedCopies(tmp_path / "copies", 3 * LAYOUT.chunk_bytes, mapper=mapper)
+    try:
+        taken = [_copy_and_take(copies, fd, header, f"c{i}") for i, (fd, header) in enumerate(stored)]
+        assert [t.count for t in taken] == [1, 1, 1]
+        assert [t.mapped[0] is not None for t in taken] == [True, True, False]  # the store's files keep 2 of 4
+        assert np.array_equal(_rows(taken[1]), raws[1])
+        for t in taken:
+            copies.release(t)
+        assert copies.status()["mapped"] == 2 and mapper.status()["mapped"] == 2
+    finally:
+        copies.close()
+        for fd, _ in stored:
+            os.close(fd)
+        mapper.close()
