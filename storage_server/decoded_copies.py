@@ -5,8 +5,8 @@ rdma always, http where the decode site is the node) pays the decoder: on a fast
 not the link, is then the slowest stage, and a compressed prefix loads slower than a raw one would.
 Within ``compression.decoded_copies_bytes`` (on by default: ``CompressionConfig.copies_budget``) the
 node keeps a raw copy (L·S bytes, layer-major) of each compressed chunk it decoded for a kv-get; the
-next kv-get that the node would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a slow link: the encoded
-bytes are what it wants) reads the stored object as before.
+next kv-get that the node would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a
+slow link: the encoded bytes are what it wants) reads the stored object as before.
 
 A copy is keyed by the identity of the exact file the store pinned (device, inode, size, mtime and
 ctime in nanoseconds, and the chunk's offset in it). An overwrite or a delete leaves another file, so a
@@ -107,7 +107,8 @@ class DecodedCopies:
              mapped: list[MappedSlot | None] | None = None) -> Taken:
         """The plan's columns (and the chunks' mappings) with each compressed chunk that has a copy replaced by the copy
         (a raw chunk at offset 0, mapped where it could be); the copies stay readable, and mapped at the same slots,
-        until :meth:`release`. Runs off the event loop (a stat per compressed chunk)."""
+        until :meth:`release`. A stat per compressed chunk and an open per copy: the caller runs a large kv-get's off the
+        event loop."""
         ids: list[Identity | None] = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
         fds, offsets, headers = list(fds), list(offsets), list(headers)
         slots = list(mapped) if mapped is not None else [None] * len(fds)
