@@ -103,19 +103,25 @@ class DecodedCopies:
         self._own_mapper = mapper is None
         self.mapper = mapper if mapper is not None else MappedFiles(1 << 16)
 
+    @property
+    def holds_any(self) -> bool:
+        """Whether a copy exists (a kv-get then reserves a descriptor per chunk for its copy)."""
+        return bool(self._copies)
+
     def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None],
-             mapped: list[MappedSlot | None] | None = None) -> Taken:
+             mapped: list[MappedSlot | None] | None = None, open_copies: bool = True) -> Taken:
         """The plan's columns (and the chunks' mappings) with each compressed chunk that has a copy replaced by the copy
         (a raw chunk at offset 0, mapped where it could be); the copies stay readable, and mapped at the same slots,
         until :meth:`release`. A stat per compressed chunk and an open per copy: the caller runs a large kv-get's off the
-        event loop."""
+        event loop. ``open_copies`` False (no descriptors were reserved for copies): none is read, the identities are
+        still taken for the fill."""
         ids: list[Identity | None] = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
         fds, offsets, headers = list(fds), list(offsets), list(headers)
         slots = list(mapped) if mapped is not None else [None] * len(fds)
         taken = Taken(ids, fds, offsets, headers, slots)
         with self._lock:
             for j, ident in enumerate(ids):
-                copy = self._copies.get(ident) if ident is not None else None
+                copy = self._copies.get(ident) if ident is not None and open_copies else None
                 if copy is None:
                     continue
                 try:

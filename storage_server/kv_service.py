@@ -203,11 +203,13 @@ class KVService:
         kind = transport_class(d.target.transport)
         direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)
         distinct = getattr(d.chunk_keys, "distinct", None)  # a decoded KeyList counts once per key list
-        per_file = (FDS_PER_FILE if direct else 1) + (self.copies is not None)  # a chunk's decoded copy is one more file
-        async with self.fds.hold(distinct if distinct is not None else len(set(d.chunk_keys)), per_file):
-            return await self._get(call, d, arrived)
+        # A chunk's decoded copy is one more file, reserved only while the node holds copies (a kv-get that did not may
+        # not open one: raw-only nodes keep their whole budget for chunk files).
+        copy_fds = self.copies is not None and self.copies.holds_any
+        async with self.fds.hold(distinct if distinct is not None else len(set(d.chunk_keys)), (FDS_PER_FILE if direct else 1) + copy_fds):
+            return await self._get(call, d, arrived, copy_fds)
 
-    async def _get(self, call: RpcCall, d: Descriptor, arrived: float) -> Reply:
+    async def _get(self, call: RpcCall, d: Descriptor, arrived: float, copy_fds: bool = False) -> Reply:
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s,
@@ -235,7 +237,7 @@ class KVService:
                 self._tasks[slot] = task
             outcome, stats = "failed", None
             try:
-                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks, headers), transport)
+                work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks, headers), transport, copy_fds)
                 setup_s = time.perf_counter() - arrived
                 stats = await _until_disconnect(call.reader, work)
                 stats.request_id, stats.setup_s = request_id, setup_s
@@ -333,12 +335,12 @@ class KVService:
             except Exception:
                 log.exception("transfer observer %r failed (request %s)", observe, info.request_id)
 
-    async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
+    async def _staged(self, info: TransferInfo, reads: ReadPlan, transport: Transport, copy_fds: bool = False) -> TransferStats:
         """Run once the transfer's staging memory fits the budget (http); waiting ends if the client leaves."""
         async with self.staging.hold(info.plan.staging_bytes, info.tenant):
-            return await self._paced(info, reads, transport)
+            return await self._paced(info, reads, transport, copy_fds)
 
-    async def _paced(self, info: TransferInfo, reads: ReadPlan, transport: Transport) -> TransferStats:
+    async def _paced(self, info: TransferInfo, reads: ReadPlan, transport: Transport, copy_fds: bool = False) -> TransferStats:
         """Layerwise transfers join the bandwidth pool (when configured); chunkwise ones bypass it."""
         pacers = [p for p in (make(info) for make in self.pacer_factories) if p is not None]
         lease: Lease | None = None
@@ -353,9 +355,9 @@ class KVService:
         taken = None
         try:
             if self.copies is not None and reads.headers is not None and not reads.send_encoded:  # the node may decode
-                taken = (self.copies.take(reads.fds, reads.offsets, reads.headers, reads.slots) if len(reads.fds) <= INLINE_TAKE_CHUNKS
+                taken = (self.copies.take(reads.fds, reads.offsets, reads.headers, reads.slots, copy_fds) if len(reads.fds) <= INLINE_TAKE_CHUNKS
                          else await asyncio.get_running_loop().run_in_executor(self.executor.pool, self.copies.take, reads.fds, reads.offsets,
-                                                                               reads.headers, reads.slots))
+                                                                               reads.headers, reads.slots, copy_fds))
             site = self._decode_site(info, reads, lease, taken.count if taken is not None else 0)
             if taken is not None and reads.send_encoded:  # the client decodes: the stored bytes, not the copies
                 self.copies.release(taken, used=False)  # type: ignore[union-attr]

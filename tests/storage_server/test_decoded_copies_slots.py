@@ -145,3 +145,22 @@ def test_copies_map_at_most_half_of_the_mappings_and_the_rest_are_still_served(t
         for fd, _ in stored:
             os.close(fd)
         mapper.close()
+
+
+def test_a_kv_get_that_reserved_no_descriptor_for_copies_opens_none_but_still_fills(tmp_path, mapper):
+    a, b = kv_chunks(LAYOUT, 2, seed=8)
+    (fa, ha), (fb, hb) = _stored(tmp_path, "a", a), _stored(tmp_path, "b", b)
+    copies = DecodedCopies(tmp_path / "copies", 4 * LAYOUT.chunk_bytes, mapper=mapper)
+    try:
+        assert not copies.holds_any
+        copies.release(_copy_and_take(copies, fa, ha, "a"))  # a's copy exists now
+        assert copies.holds_any
+        taken = copies.take([fa, fb], [0, 0], [ha, hb], [None, None], open_copies=False)
+        assert taken.count == 0 and taken.opened == [] and taken.headers == [ha, hb], taken
+        copies.fill(taken, [fa, fb], [ha, hb], ["a", "b"])
+        copies.release(taken, used=False)
+        assert _settled(copies)["chunks"] == 2  # b's copy filled from that kv-get all the same
+    finally:
+        copies.close()
+        os.close(fa)
+        os.close(fb)
