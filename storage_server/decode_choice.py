@@ -11,11 +11,16 @@ An unknown link rate, or no decode figure yet, leaves the decode in the node (of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from protocol.compressed_chunk import SLICE_HEAD, ChunkHeader
-from protocol.wire import Descriptor
+from protocol.packed_layer import fits
+from protocol.wire import Descriptor, TransportKind
 from scheduler.codec_choice import CodecProfile
 from scheduler.decode_site import DecodeSite, DecodeSiteRequest, choose_decode_site
+
+if TYPE_CHECKING:
+    from .read_plan import ReadPlan
 
 
 def wire_layer_bytes(headers: Sequence[ChunkHeader | None], layer: int, s: int) -> int:
@@ -52,3 +57,25 @@ def choose_site(d: Descriptor, headers: Sequence[ChunkHeader | None], granted_by
     return choose_decode_site(DecodeSiteRequest(rate, d.payload_bytes, d.num_layers, stored, node_workers, d.client_decode_workers,
                                                 compute_per_layer_s, d.client_decode_bytes_per_s or None,
                                                 copied / compressed if compressed else 0.0))
+
+
+def decode_site(d: Descriptor, reads: "ReadPlan", granted_bytes_per_s: float | None, pipeline_status: Mapping[str, Mapping[str, float]],
+                compute_per_layer_s: float, copied: int = 0) -> dict[str, Any]:
+    """A kv-get of chunks stored compressed: decode in the node or send them as stored (sets ``reads.send_encoded``),
+    by the break-even model over the pool's grant (or the client's declared rate) and the measured decoders; what
+    the END frame reports as ``decode_site`` (empty when every chunk is raw)."""
+    if reads.headers is None:
+        return {}
+    if not (d.decode_auto or d.client_decodes):
+        return {"site": "node", "reason": "decode='node' (shm always)", "wire_bytes": d.payload_bytes}
+    s = d.per_layer_chunk_bytes
+    per_layer = [wire_layer_bytes(reads.headers, layer, s) for layer in range(d.num_layers)]
+    wire = sum(per_layer)
+    if d.target.transport == TransportKind.RDMA and not all(fits(w, len(reads.headers), s) for w in per_layer):
+        reads.send_encoded = False  # over rdma the slices go packed into each layer's raw place (protocol.packed_layer)
+        return {"site": "node", "reason": "rdma: a layer's slices as stored do not fit in its raw place", "wire_bytes": d.payload_bytes}
+    if d.client_decodes:
+        return {"site": "client", "reason": "the client asked (decode='client')", "wire_bytes": wire}
+    choice = choose_site(d, reads.headers, granted_bytes_per_s, pipeline_status, compute_per_layer_s, copied)
+    reads.send_encoded = choice.site == "client"
+    return {"site": choice.site, "reason": choice.reason, "wire_bytes": wire if reads.send_encoded else d.payload_bytes}

@@ -3,10 +3,10 @@
 Chunks stored compressed hold more prefixes per byte, but every warm hit the node decodes (shm and
 rdma always, http where the decode site is the node) pays the decoder: on a fast link the decoder,
 not the link, is then the slowest stage, and a compressed prefix loads slower than a raw one would.
-With ``compression.decoded_copies_bytes`` > 0 the node keeps, within that budget, a raw copy (L·S
-bytes, layer-major) of each compressed chunk it decoded for a kv-get; the next kv-get that the node
-would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a slow link: the encoded
-bytes are what it wants) reads the stored object as before.
+Within ``compression.decoded_copies_bytes`` (on by default: ``CompressionConfig.copies_budget``) the
+node keeps a raw copy (L·S bytes, layer-major) of each compressed chunk it decoded for a kv-get; the
+next kv-get that the node would decode reads the copy as a raw chunk. A kv-get whose SDK decodes (a
+slow link: the encoded bytes are what it wants) reads the stored object as before.
 
 A copy is keyed by the identity of the exact file the store pinned (device, inode, size, mtime and
 ctime in nanoseconds, and the chunk's offset in it). An overwrite or a delete leaves another file, so a
@@ -15,6 +15,14 @@ authorisation) always comes first: a copy reaches no tenant the stored chunk wou
 cache: kept in their own folder (emptied at start), least recently used evicted past the budget (never
 one a transfer reads), filled after the kv-get that decoded them on one background thread over a
 bounded queue (a full queue skips a copy: it only ever saves work).
+
+A copy is served exactly as a raw chunk is: each is mapped at a slot of the store's arenas (the same
+:class:`~storage_server.store.mapped_files.MappedFiles` as the store's own chunk files, so a prefix of raw chunks and
+copies is one arena of L·S-byte slots) and the executor gathers a layer of them with one ``np.take``, warm and small
+pieces on the event loop. A copy a transfer reads is never evicted, so its slot is never unmapped or given to another
+file under that transfer; an evicted copy is unmapped before its slot can be reused, and forgotten, so nothing reads
+its rows afterwards. Copies map at most half of the mapper's bound (the store's own chunk files keep the rest); past it
+a copy is read with ``preadv`` like an unmapped raw chunk.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 from protocol.compressed_chunk import ChunkHeader
 
 from .fd_budget import soft_fd_limit
+from .store.mapped_files import MappedFiles, MappedSlot
 
 log = logging.getLogger("objectcache.storage_server.decoded_copies")
 
@@ -50,6 +59,7 @@ class _Copy:
     path: Path
     size: int
     readers: int = 0
+    slot: MappedSlot | None = None  # where the copy is mapped (None: read with preadv)
 
 
 @dataclass
@@ -62,6 +72,7 @@ class Taken:
     fds: list[int]
     offsets: list[int]
     headers: list[ChunkHeader | None] | None  # None: every chunk is raw now (no decode at all)
+    mapped: list[MappedSlot | None] | None = None  # per chunk: its mapping (a copy's own in place of its chunk's)
     used: list[Identity] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)
 
@@ -73,9 +84,10 @@ class Taken:
 class DecodedCopies:
     """Raw copies of decoded chunks within ``max_bytes`` in ``root`` (see the module docstring)."""
 
-    def __init__(self, root: Path, max_bytes: int, queue_chunks: int | None = None) -> None:
+    def __init__(self, root: Path, max_bytes: int, queue_chunks: int | None = None, mapper: MappedFiles | None = None) -> None:
         """``queue_chunks``: fills queued at most (each holds a duplicate of its chunk's file descriptor, outside the
-        transfers' budget: by default 4,096 or an eighth of the file limit, whichever is smaller)."""
+        transfers' budget: by default 4,096 or an eighth of the file limit, whichever is smaller). ``mapper``: the
+        store's mappings (raw chunks and copies then gather together); None: copies get their own."""
         shutil.rmtree(root, ignore_errors=True)  # copies of a previous run name files that may no longer exist
         root.mkdir(parents=True)
         self.root, self.max_bytes = root, max_bytes
@@ -88,16 +100,28 @@ class DecodedCopies:
         self._names = 0
         self._closed = False
         self.hits = self.fills = self.evicted = self.skipped = 0
+        self._own_mapper = mapper is None
+        self.mapper = mapper if mapper is not None else MappedFiles(1 << 16)
 
-    def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None]) -> Taken:
-        """The plan's columns with each compressed chunk that has a copy replaced by the copy (a raw chunk at offset 0);
-        the copies stay readable until :meth:`release`. Runs off the event loop (a stat per compressed chunk)."""
+    @property
+    def holds_any(self) -> bool:
+        """Whether a copy exists (a kv-get then reserves a descriptor per chunk for its copy)."""
+        return bool(self._copies)
+
+    def take(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None],
+             mapped: list[MappedSlot | None] | None = None, open_copies: bool = True) -> Taken:
+        """The plan's columns (and the chunks' mappings) with each compressed chunk that has a copy replaced by the copy
+        (a raw chunk at offset 0, mapped where it could be); the copies stay readable, and mapped at the same slots,
+        until :meth:`release`. A stat per compressed chunk and an open per copy: the caller runs a large kv-get's off the
+        event loop. ``open_copies`` False (no descriptors were reserved for copies): none is read, the identities are
+        still taken for the fill."""
         ids: list[Identity | None] = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
         fds, offsets, headers = list(fds), list(offsets), list(headers)
-        taken = Taken(ids, fds, offsets, headers)
+        slots = list(mapped) if mapped is not None else [None] * len(fds)
+        taken = Taken(ids, fds, offsets, headers, slots)
         with self._lock:
             for j, ident in enumerate(ids):
-                copy = self._copies.get(ident) if ident is not None else None
+                copy = self._copies.get(ident) if ident is not None and open_copies else None
                 if copy is None:
                     continue
                 try:
@@ -110,7 +134,7 @@ class DecodedCopies:
                 taken.used.append(ident)  # type: ignore[arg-type]
                 taken.opened.append(fd)
                 taken.ids[j] = None
-                fds[j], offsets[j], headers[j] = fd, 0, None
+                fds[j], offsets[j], headers[j], slots[j] = fd, 0, None, copy.slot
         if not any(h is not None for h in headers):
             taken.headers = None
         return taken
@@ -163,17 +187,29 @@ class DecodedCopies:
                     self.skipped += 1
                     return
                 self._bytes += raw.nbytes  # reserved before the write: the budget holds while it runs
+            slot = None
             try:
                 tmp = path.with_suffix(".tmp")
-                with open(tmp, "wb") as f:
+                with open(tmp, "w+b") as f:  # readable: the mapping needs it
                     f.write(memoryview(raw))
+                    f.flush()
+                    if self._mapped_copies() < self.mapper.max_mapped // 2:  # the store's own chunk files keep half the mappings
+                        slot = self.mapper.map(f.fileno(), raw.nbytes)  # None past the mapping bound: read with preadv
                 os.rename(tmp, path)
             except BaseException:
+                if slot is not None:
+                    self.mapper.unmap(slot)
                 with self._lock:
                     self._bytes -= raw.nbytes
                 raise
             with self._lock:
-                self._copies[ident] = _Copy(path, raw.nbytes)
+                if self._closed:  # close() unmapped every copy already: this one must not outlive the arenas
+                    if slot is not None:
+                        self.mapper.unmap(slot)
+                    self._bytes -= raw.nbytes
+                    path.unlink(missing_ok=True)
+                    return
+                self._copies[ident] = _Copy(path, raw.nbytes, slot=slot)
                 self.fills += 1
         except Exception:
             log.exception("decoded copy of chunk %r failed (it is decoded again next time)", key)
@@ -181,6 +217,10 @@ class DecodedCopies:
             os.close(fd)
             with self._lock:
                 self._pending.discard(ident)
+
+    def _mapped_copies(self) -> int:
+        with self._lock:
+            return sum(c.slot is not None for c in self._copies.values())
 
     def _evict(self, room: int) -> bool:
         """Evict least recently used copies no transfer reads until ``room`` more bytes fit (lock held); False: they cannot."""
@@ -193,16 +233,27 @@ class DecodedCopies:
         return self._bytes + room <= self.max_bytes
 
     def _drop(self, ident: Identity) -> None:
+        """Forget a copy no transfer reads (lock held): unmapped first, so its slot is free only once nothing maps it."""
         copy = self._copies.pop(ident)
         self._bytes -= copy.size
+        if copy.slot is not None:
+            self.mapper.unmap(copy.slot)
+            copy.slot = None
         copy.path.unlink(missing_ok=True)
 
     def status(self) -> dict[str, int]:
         with self._lock:
             return {"max_bytes": self.max_bytes, "bytes": self._bytes, "chunks": len(self._copies), "hits": self.hits,
-                    "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending)}
+                    "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending),
+                    "mapped": sum(c.slot is not None for c in self._copies.values()), "max_mapped": self.mapper.max_mapped // 2}
 
     def close(self) -> None:
-        """Stop filling (queued fills only close their files)."""
+        """Stop filling (queued fills only close their files) and unmap every copy (before the store's arenas go; no
+        transfer runs any more)."""
         self._closed = True
         self._worker.shutdown(wait=True)
+        with self._lock:
+            for ident in list(self._copies):
+                self._drop(ident)
+        if self._own_mapper:
+            self.mapper.close()

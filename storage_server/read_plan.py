@@ -12,6 +12,7 @@ from protocol.wire import Descriptor, Mode, TransferStats
 
 from .compressed_reads import ChunkHeader
 from .store import PinnedChunks
+from .store.mapped_files import MappedSlot
 
 
 @dataclass
@@ -32,37 +33,56 @@ class ReadPlan:
     send_encoded: bool = False
     # Every sampled chunk was in the page cache: a mapped piece up to INLINE_GATHER_BYTES is gathered on the loop.
     warm: bool = False
+    # A plan with compressed chunks: the pinned chunks' mappings, for when decoded copies replace them (:meth:`with_copies`).
+    slots: list[MappedSlot | None] | None = None
 
     @classmethod
     def of(cls, descriptor: Descriptor, mode: Mode, pinned: PinnedChunks, piece_chunks: int,
            headers: list[ChunkHeader | None] | None = None) -> "ReadPlan":
         if headers is not None or descriptor.client_decodes:
-            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers, send_encoded=descriptor.client_decodes)
+            return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, headers=headers, send_encoded=descriptor.client_decodes,
+                       slots=pinned.mapped)
         s = descriptor.per_layer_chunk_bytes
         known = pinned.derived.get(("rows", s))  # the same pins as a transfer before (a resolved prefix)
-        rows, first_rows = known if known is not None else pinned.derived.setdefault(("rows", s), _mapped_rows(pinned, s))
+        if known is None:
+            known = pinned.derived.setdefault(("rows", s), _source_rows(pinned, s) or _mapped_rows(pinned.mapped, pinned.offsets, s))
+        rows, first_rows = known
         return cls(descriptor, mode, pinned.fds, pinned.offsets, piece_chunks, rows, first_rows)
+
+    def with_copies(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None] | None,
+                    slots: list[MappedSlot | None] | None) -> None:
+        """Read decoded copies in place of their compressed chunks (``fds``…: the columns with the copies in). Once no
+        chunk is left to decode the plan is a raw one, gathered from the arena exactly as raw chunks are when every
+        chunk (raw or copy) is mapped in one; the copies' slots are held by the caller until the transfer ends."""
+        self.fds, self.offsets, self.headers, self.slots = fds, offsets, headers, slots
+        if headers is None and slots is not None:
+            self.rows, self.first_rows = _mapped_rows(slots, offsets, self.descriptor.per_layer_chunk_bytes)
 
     @property
     def mapped(self) -> bool:
         return self.rows is not None
 
 
-def _mapped_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena
-    (or all are in one row source: the memory a capacity tier's kv-get received its peers' chunks into)."""
+def _source_rows(pinned: PinnedChunks, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows of ``size`` bytes and each chunk's first row when every chunk is in one row source (the memory a capacity
+    tier's kv-get received its peers' chunks into, :mod:`storage_server.store.s3.arrivals`)."""
     source = pinned.derived.get("row_source")
-    if source is not None and size > 0 and source.row_bytes % size == 0:
-        return source.rows(size), np.arange(len(pinned.fds), dtype=np.intp) * (source.row_bytes // size)
-    first = pinned.mapped[0] if pinned.mapped and size > 0 else None
-    if first is None or (rows := first.arena.rows(size)) is None or any(pinned.offsets):
+    if source is None or size <= 0 or source.row_bytes % size:
+        return None
+    return source.rows(size), np.arange(len(pinned.fds), dtype=np.intp) * (source.row_bytes // size)
+
+
+def _mapped_rows(mapped: list[MappedSlot | None], offsets: list[int], size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The arena's rows of ``size`` bytes and each chunk's first row, if every chunk is mapped whole in one arena."""
+    first = mapped[0] if mapped and size > 0 else None
+    if first is None or (rows := first.arena.rows(size)) is None or any(offsets):
         return None, None
     arena = first.arena
     try:
-        slots = [m.index for m in pinned.mapped if m.arena is arena]  # type: ignore[union-attr]
+        slots = [m.index for m in mapped if m.arena is arena]  # type: ignore[union-attr]
     except AttributeError:  # one is not mapped
         return None, None
-    if len(slots) != len(pinned.mapped):
+    if len(slots) != len(mapped):
         return None, None
     return rows, np.asarray(slots, np.intp) * (arena.slot_bytes // size)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .cache.tenants import TenantLedger
-from .mapped_files import MappedSlot
+from .mapped_files import MappedFiles, MappedSlot
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,12 @@ class ChunkSource(abc.ABC):
     """Immutable KV chunk objects of one store, as the descriptor executor needs them."""
 
     ledger: TenantLedger | None = None  # per-tenant bounds and counts of the chunks this node keeps
+
+    @property
+    def mapper(self) -> MappedFiles | None:
+        """Where this store maps its chunk files (None: it maps none); the node's decoded copies map theirs there too,
+        so raw chunks and copies of one prefix gather from one arena. Closed after the KV service."""
+        return None
 
     @abc.abstractmethod
     async def longest_prefix(self, bucket: str, keys: list[str]) -> int:

@@ -65,7 +65,7 @@ secret_key = "s2"
     ('[bandwidth]\npolicy = "fifo"\n', "bandwidth.policy"),
     ("[bandwidth]\nepoch_ms = 0\n", "bandwidth.epoch_ms"),
     ('[log]\nlevel = "chatty"\n', "log.level"),
-    ("[compression]\ndecoded_copies_bytes = -1\n", "compression.decoded_copies_bytes"),
+    ("[compression]\ndecoded_copies_bytes = -2\n", "compression.decoded_copies_bytes"),
     ('[[tenants]]\nname = "a"\naccess_key = "k"\nsecret_key = "s"\nweight = 0\n', "tenants.weight"),
     ("not toml [", "invalid TOML"),
 ])
@@ -233,3 +233,13 @@ def test_the_rdma_engine_is_configuration_with_an_environment_override():
     assert load_config(env={"OBJECTCACHE_STORAGE_SERVER_RDMA_ENGINE": "pyverbs"}).storage_server.rdma_engine == "pyverbs"
     with pytest.raises(ConfigError, match="storage_server.rdma_engine: must be one of nixl, pyverbs"):
         load_config(env={"OBJECTCACHE_STORAGE_SERVER_RDMA_ENGINE": "ucx"})
+
+
+def test_decoded_copies_are_on_by_default_within_a_quarter_of_the_cache_and_an_explicit_budget_wins(tmp_path):
+    from protocol.config.sections import DEFAULT_DECODED_COPIES_BYTES
+
+    assert load_config(env={}).compression.copies_budget(100 << 30) == DEFAULT_DECODED_COPIES_BYTES
+    assert load_config(env={}).compression.copies_budget(1 << 30) == 256 << 20  # a small cache: a quarter of it
+    assert load_config(write(tmp_path, "[compression]\ndecoded_copies_bytes = 0\n"), env={}).compression.copies_budget(100 << 30) == 0
+    explicit = load_config(write(tmp_path, "[compression]\ndecoded_copies_bytes = 12345\n"), env={}).compression
+    assert explicit.copies_budget(1 << 20) == 12345

@@ -145,3 +145,41 @@ def test_decode_auto_on_a_slow_link_sends_the_stored_bytes_even_where_copies_exi
     site = stats.server.decode_site
     assert site["site"] == "client" and "decoded_copies" not in site, site  # fewer bytes on the link beat the copies
     assert _status(proc)["decoded_copies"]["hits"] == hits
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("chunk_tokens", [16, 64, 256])
+def test_copies_are_gathered_from_the_mapped_arena_like_raw_chunks_byte_exact(node, transport, chunk_tokens):
+    """A warm kv-get of copies takes the raw chunks' path: every copy mapped, a layer gathered in one np.take."""
+    proc, alice = node
+    layout = kv_layout(chunk_tokens)
+    keys, chunks = keys_for(layout, 3, f"gather-{transport}-{chunk_tokens}"), kv_chunks(layout, 3, seed=chunk_tokens)
+
+    async def go(decode: str):
+        async with client(proc, alice, "kvz") as c:
+            await c.put_chunks(keys, chunks, layout, codec="zstd")  # an identical re-put is a no-op
+            return await c.fetch(keys, layout, transport, verify=True, decode=decode)
+    decode = "node" if transport == "http" else "auto"
+    run(go(decode))
+    _copies_settled(proc)
+    payload, stats = run(go(decode))
+    assert np.array_equal(payload, reference(layout, chunks))
+    site = stats.server.decode_site
+    assert site["decoded_copies"] == 3 and site["decoded_copies_read"] == "gathered", site
+
+
+def test_raw_chunks_and_copies_in_one_kv_get_gather_from_one_arena(node):
+    proc, alice = node
+    keys, chunks = keys_for(LAYOUT, 4, "mixed"), kv_chunks(LAYOUT, 4, seed=13)
+
+    async def go():
+        async with client(proc, alice, "kvz") as c:
+            await c.put_chunks(keys[:2], chunks[:2], LAYOUT)  # raw
+            await c.put_chunks(keys[2:], chunks[2:], LAYOUT, codec="zstd")
+            return await c.fetch(keys, LAYOUT, "shm", verify=True)
+    run(go())
+    _copies_settled(proc)
+    payload, stats = run(go())
+    assert np.array_equal(payload, reference(LAYOUT, chunks))
+    site = stats.server.decode_site
+    assert site["decoded_copies"] == 2 and site["decoded_copies_read"] == "gathered", site

@@ -212,6 +212,10 @@ class LocalDiskChunkSource(ChunkSource):
         await self._trim()
         return {"closed_fds_of_deleted_chunks": closed}
 
+    @property
+    def mapper(self) -> MappedFiles | None:
+        return self.files.mapper
+
     def status(self) -> dict[str, object]:
         kept = self.resolved.kept_files()
         return {"open_file_cache": self.files.status(kept) | {"kept_for_repeats": len(kept)}, "chunk_locations": self.locations.status(),
