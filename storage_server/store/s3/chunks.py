@@ -395,6 +395,11 @@ class S3ChunkSource(ChunkSource):
         self.open.release(paths, fds)
         self.files.policy.unpin(pinned)
 
+    @property
+    def mapper(self) -> MappedFiles | None:
+        """The mappings of this cache's chunk files (decoded copies share them, so raw chunks and copies gather as one)."""
+        return self.open.mapper
+
     def status(self) -> dict[str, object]:
         return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated,
                                                         "arrived": self.arrived, "arrived_cached": self.arrived_cached},
