@@ -42,6 +42,7 @@ def _lowest_priority() -> None:
 
 # One thread writes arrived chunks into the cache, at nice 19: on a busy host the kv-gets' own work runs first.
 _LANDER = ThreadPoolExecutor(1, thread_name_prefix="objectcache-land", initializer=_lowest_priority)
+_LANDINGS: set[asyncio.Task] = set()
 
 
 @dataclass(frozen=True)
@@ -178,14 +179,20 @@ async def pinned_with_arrivals(cache: Landing, arrivals: Arrivals, owed: list[Ow
     loop = asyncio.get_running_loop()
     n = arrivals.count
     arrivals.hold()  # the landing's hold, from now: it writes beside the kv-get, at a low priority
-    loop.create_task(land(cache, arrivals, owed, tenant))
+    task = loop.create_task(land(cache, arrivals, owed, tenant))
+    _LANDINGS.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_LANDINGS.discard)
 
     def done() -> None:
         release_files()
         arrivals.let_go()
 
     if all(size == arrivals.row_bytes for size in disk_sizes):
-        await loop.run_in_executor(None, copy_rows, fds, [arrivals.view(j) for j in on_disk])
+        try:
+            await loop.run_in_executor(None, copy_rows, fds, [arrivals.view(j) for j in on_disk])
+        except BaseException:  # no pin is handed out: its hold and files go now (the landing keeps its own)
+            done()
+            raise
         result = PinnedChunks([arrivals.fd] * n, [j * arrivals.row_bytes for j in range(n)], [arrivals.row_bytes] * n, [None] * n, done)
         result.derived["row_source"] = arrivals  # read_plan gathers every layer from this mapping
         return result
