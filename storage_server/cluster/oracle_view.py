@@ -62,6 +62,11 @@ def peer_link(source: str, node_id: str) -> str:
     return f"{source}->{node_id}"
 
 
+def ingest_link(node_id: str) -> str:
+    """A node's landing of fetched chunks into its cache: every share it fetches crosses it, whichever link brought it."""
+    return f"ingest->{node_id}"
+
+
 def upstream_link(node_id: str) -> str:
     return f"upstream->{node_id}"
 
@@ -142,6 +147,12 @@ class NodeLoad:
     capacity: Mapping[str, float] = field(default_factory=dict)  # configured bandwidth overrides (the allocator's pool)
     age_s: float = 0.0  # since the rates were refreshed
     startup_s: Mapping[str, float] = field(default_factory=dict)  # learnt fixed costs (FixedCosts.seconds)
+    # What this node lands into its cache per second, all fetched shares together (learnt: Estimator.ingest); None: not
+    # learnt yet, the links' rates alone.
+    ingest_bytes_per_s: float | None = None
+    # A pin's own fixed cost until a pin with nothing to fetch has taught it (``startup_s["pin"]``): what the ingest
+    # line's fetches cost beside their bytes and one GET's first byte (the same bookkeeping, the GETs left out).
+    pin_prior_s: float = 0.0
 
 
 def corrected_startup(previous: float, measured_s: float, predicted_s: float, alpha: float, samples: int = 0) -> float:
@@ -193,8 +204,8 @@ class FixedCosts:
         instead of ``pin``, so that error scales with the stale count rather than starting every later kv-get."""
         if critical is None and heads > 0:
             self.learn("revalidate", fetch_s / heads, predicted_fetch_s / heads, heads_s / heads)
-        elif critical is None:
-            self.learn("pin", fetch_s, predicted_fetch_s, 0.0)
+        elif critical is None:  # the prediction was the pin alone: its learnt value or its prior
+            self.learn("pin", fetch_s, predicted_fetch_s, predicted_fetch_s)
         else:
             for level in ("fetch", kind):  # what the prediction would have been with that level's cost
                 if level is not None and level != critical:
@@ -228,7 +239,7 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
     eng = engine_link(me, host_of(target))
     links = {eng: _link(eng, Tier.SAME_HOST, tiers.tiers[Tier.SAME_HOST], load)}
     start = load.startup_s
-    pin, deliver = start.get("pin", 0.0) + revalidate_s, start.get("deliver", 0.0)
+    pin, deliver = start.get("pin", load.pin_prior_s) + revalidate_s, start.get("deliver", 0.0)
 
     def to_me(node_id: str) -> str:
         name = peer_link(node_id, me)
@@ -240,8 +251,16 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
 
     requests_per_s = load.rates.get(UPSTREAM_REQUESTS)
     # The store as this node's own GETs and HEADs measured it replaces the configured first-byte time on every node's
-    # upstream link and on the store's own (the same store; what the others achieve is not known here).
+    # upstream link and on the store's own (the same store; what the others achieve is not known here) — unless the
+    # node has learnt its whole fetches' time per byte (the ingest line): the store as its own fetches found it, GETs,
+    # landing and all, so the store's links take that rate too (the configured first-byte time and GETs at once are an
+    # operator's calibration; what this node's fetches took is the measurement).
+    ingest: tuple[str, ...] = ()
     measured_up = tiers.measured_rate(chunk_bytes, requests_per_s) if requests_per_s else None
+    if load.ingest_bytes_per_s:
+        name = ingest_link(me)
+        links[name] = LinkView(name, load.ingest_bytes_per_s, 0.0, Tier.SAME_HOST, age_s=load.age_s)
+        ingest, measured_up = (name,), load.ingest_bytes_per_s
 
     def upstream_into(node_id: str) -> tuple[str, ...]:
         name = upstream_link(node_id)
@@ -260,7 +279,7 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
         if node_id == me or chunks <= 0:
             continue
         name = f"peer:{node_id}"
-        sources.append(Source(name, SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), eng), alive=node_id not in gone,
+        sources.append(Source(name, SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), *ingest, eng), alive=node_id not in gone,
                               startup_s=pin + fixed_cost(start, name), store_and_forward=True, deliver_s=deliver))
         other = nodes.get(node_id)
         if direct and chunks >= num_chunks and other is not None:
@@ -271,14 +290,14 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (link,), alive=node_id not in gone,
                                   startup_s=fixed_cost(start, "peer") + deliver, whole_only=True))
     first_byte = tiers.upstream.latency_s
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), eng),
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), *ingest, eng),
                           startup_s=pin + first_byte + fixed_cost(start, f"upstream@{me}"), store_and_forward=True, deliver_s=deliver))
     for node_id in sorted(set(helpers) - {me}):
         # A helper's share: its GETs into its cache, then a peer stream here (until measured: the upstream's fixed cost
         # and a peer stream's), a fill batch at a time.
         ups = upstream_into(node_id)
         name = f"upstream@{node_id}"
-        sources.append(Source(name, SourceKind.UPSTREAM, num_chunks, (*ups, to_me(node_id), eng), alive=node_id not in gone,
+        sources.append(Source(name, SourceKind.UPSTREAM, num_chunks, (*ups, to_me(node_id), *ingest, eng), alive=node_id not in gone,
                               startup_s=pin + first_byte + fixed_cost(start, name, helper_prior(start)), store_and_forward=True,
                               deliver_s=deliver, relay_at=len(ups), relay_batch_chunks=relay_batch_chunks))
     return OracleView(tuple(sources), links, stale_after_s)
