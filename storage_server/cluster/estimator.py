@@ -122,7 +122,7 @@ class Estimator:
         line = self.ingest_line()
         return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds),
                         None if line is None else 1.0 / line[1],
-                        0.0 if line is None else max(0.0, line[0] - self.tiers.upstream.latency_s))
+                        0.0 if line is None else max(0.0, line[0] - self.tiers.upstream.latency_s), None if line is None else line[0])
 
     def ingest_line(self) -> tuple[float, float] | None:
         """``(intercept s, slope s/byte)`` of this node's pins' time over their fetched bytes (its landing rate is 1/slope),
@@ -207,6 +207,8 @@ class Estimator:
         if critical is not None:
             helper = critical.startswith("upstream@") and critical != f"upstream@{self.me.node_id}"
             cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
+            if critical == f"upstream@{self.me.node_id}" and load.fetch_intercept_s is not None:  # what the line's start put in
+                cost = load.fetch_intercept_s - (pin - revalidate_s) - self.tiers.upstream.latency_s
             teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
         fetched = sum(b - a for source, a, b in plan if source != "local") * float(d.chunk_object_bytes)
         return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,

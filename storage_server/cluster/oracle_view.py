@@ -153,6 +153,10 @@ class NodeLoad:
     # A pin's own fixed cost until a pin with nothing to fetch has taught it (``startup_s["pin"]``): what the ingest
     # line's fetches cost beside their bytes and one GET's first byte (the same bookkeeping, the GETs left out).
     pin_prior_s: float = 0.0
+    # That line's fixed part (the pin's bookkeeping, lookups, a GET's first byte): the start of this node's own upstream
+    # share, in place of pin + first byte + the source's residual-learnt cost, which a big fetch's noise would move for
+    # every size (the line puts a big fetch's error mostly on its slope). None: not learnt yet.
+    fetch_intercept_s: float | None = None
 
 
 def corrected_startup(previous: float, measured_s: float, predicted_s: float, alpha: float, samples: int = 0) -> float:
@@ -290,8 +294,9 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (link,), alive=node_id not in gone,
                                   startup_s=fixed_cost(start, "peer") + deliver, whole_only=True))
     first_byte = tiers.upstream.latency_s
+    own_start = pin + first_byte + fixed_cost(start, f"upstream@{me}") if load.fetch_intercept_s is None else revalidate_s + load.fetch_intercept_s
     sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), *ingest, eng),
-                          startup_s=pin + first_byte + fixed_cost(start, f"upstream@{me}"), store_and_forward=True, deliver_s=deliver))
+                          startup_s=own_start, store_and_forward=True, deliver_s=deliver))
     for node_id in sorted(set(helpers) - {me}):
         # A helper's share: its GETs into its cache, then a peer stream here (until measured: the upstream's fixed cost
         # and a peer stream's), a fill batch at a time.

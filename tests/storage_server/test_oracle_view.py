@@ -189,6 +189,16 @@ def test_a_learnt_landing_rate_is_one_link_every_fetched_share_crosses_and_the_s
     assert "ingest->a" not in build_view(A, NODES, {"b": 3}, 6, TIERS, NodeLoad()).links  # not learnt: the links alone
 
 
+def test_the_lines_fixed_part_starts_the_nodes_own_upstream_share_whatever_the_residuals_taught():
+    # A big fetch's noise taught the upstream's residual-learnt cost 90 ms; the line (fixed part 14 ms) puts it on the slope.
+    load = NodeLoad(startup_s={"pin": 0.004, "upstream@a": 0.09, "peer": 0.03}, ingest_bytes_per_s=44e6, fetch_intercept_s=0.014)
+    by_name = {s.name: s for s in build_view(A, NODES, {"b": 3}, 6, TIERS, load, revalidate_s=0.002).sources}
+    assert by_name["upstream@a"].startup_s == pytest.approx(0.002 + 0.014)  # stale chunks' HEADs, then the line's start
+    assert by_name["peer:b"].startup_s == pytest.approx(0.004 + 0.002 + 0.03)  # a peer's share keeps its learnt cost
+    without = {s.name: s for s in build_view(A, NODES, {}, 6, TIERS, NodeLoad(startup_s=load.startup_s)).sources}
+    assert without["upstream@a"].startup_s == pytest.approx(0.004 + 0.02 + 0.09)  # no line yet: as before
+
+
 def test_the_pins_prior_stands_until_a_pin_with_nothing_to_fetch_teaches_it():
     prior = NodeLoad(pin_prior_s=0.006)
     assert {s.name: s for s in build_view(A, NODES, {"a": 4}, 4, TIERS, prior).sources}["local"].startup_s == pytest.approx(0.006)
