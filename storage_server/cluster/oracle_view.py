@@ -36,6 +36,13 @@ teaches it), and per source of the fetch (``peer:<W>``, ``upstream@<W>``; a sour
 starts from its kind's, ``peer`` or ``upstream``, and a kind from ``fetch``, what every fetched share pays:
 the lookup, the grant, the set-up) from the pin's time less the links' (the residual goes to the source
 that set the fetch's end).
+
+A node also learns one line for its pins that its own GETs ended: time = fixed part + fetched bytes ×
+time per byte (:class:`scheduler.oracle.LineFit`). Its rate is ``ingest-><node>``, a link every fetched
+share crosses (measured: a peer's share beside the upstream's added no throughput, the node's landing
+bound both), and the store's links take it too; its fixed part starts the node's own upstream share
+(a residual-learnt cost would take a big fetch's noise to every size) and, less a GET's first byte,
+stands for ``pin`` until a pin with nothing to fetch has taught it.
 """
 
 from __future__ import annotations
