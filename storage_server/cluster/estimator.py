@@ -39,7 +39,7 @@ from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
+from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, line_upstream_s, peer_link, taken_plan
 from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
@@ -206,9 +206,10 @@ class Estimator:
         cost, teaches = 0.0, None
         if critical is not None:
             helper = critical.startswith("upstream@") and critical != f"upstream@{self.me.node_id}"
-            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
-            if critical == f"upstream@{self.me.node_id}" and load.fetch_intercept_s is not None:  # what the line's start put in
-                cost = load.fetch_intercept_s - (pin - revalidate_s) - self.tiers.upstream.latency_s
+            line_up = line_upstream_s(load, self.tiers.upstream.latency_s)
+            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s, line_up) if helper else None)
+            if critical == f"upstream@{self.me.node_id}" and line_up is not None:  # what the line's start put in
+                cost = line_up
             teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
         fetched = sum(b - a for source, a, b in plan if source != "local") * float(d.chunk_object_bytes)
         return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,

@@ -226,9 +226,17 @@ class FixedCosts:
         self.learn("deliver", first_layer_s - fetch_s, predicted_first_layer_s - predicted_fetch_s, 0.0)
 
 
-def helper_prior(costs: Mapping[str, float]) -> float:
-    """A helper's fixed cost until it has its own: the upstream's (its GETs) and a peer stream's (here)."""
-    return fixed_cost(costs, "upstream") + fixed_cost(costs, "peer")
+def helper_prior(costs: Mapping[str, float], upstream_s: float | None = None) -> float:
+    """A helper's fixed cost until it has its own: the upstream's (its GETs; ``upstream_s``: what this node's fetch line
+    puts beyond a pin and a first byte, in place of the residual-learnt ``upstream``) and a peer stream's (here)."""
+    return (fixed_cost(costs, "upstream") if upstream_s is None else max(0.0, upstream_s)) + fixed_cost(costs, "peer")
+
+
+def line_upstream_s(load: NodeLoad, first_byte_s: float) -> float | None:
+    """The fetch line's fixed part less the pin and one GET's first byte (what the upstream costs beyond them), or None."""
+    if load.fetch_intercept_s is None:
+        return None
+    return load.fetch_intercept_s - load.startup_s.get("pin", load.pin_prior_s) - first_byte_s
 
 
 def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:
@@ -310,7 +318,8 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
         ups = upstream_into(node_id)
         name = f"upstream@{node_id}"
         sources.append(Source(name, SourceKind.UPSTREAM, num_chunks, (*ups, to_me(node_id), *ingest, eng), alive=node_id not in gone,
-                              startup_s=pin + first_byte + fixed_cost(start, name, helper_prior(start)), store_and_forward=True,
+                              startup_s=pin + first_byte + fixed_cost(start, name, helper_prior(start, line_upstream_s(load, first_byte))),
+                              store_and_forward=True,
                               deliver_s=deliver, relay_at=len(ups), relay_batch_chunks=relay_batch_chunks))
     return OracleView(tuple(sources), links, stale_after_s)
 

@@ -195,6 +195,9 @@ def test_the_lines_fixed_part_starts_the_nodes_own_upstream_share_whatever_the_r
     by_name = {s.name: s for s in build_view(A, NODES, {"b": 3}, 6, TIERS, load, revalidate_s=0.002).sources}
     assert by_name["upstream@a"].startup_s == pytest.approx(0.002 + 0.014)  # stale chunks' HEADs, then the line's start
     assert by_name["peer:b"].startup_s == pytest.approx(0.004 + 0.002 + 0.03)  # a peer's share keeps its learnt cost
+    # A helper not measured yet: its GETs cost what this node's line puts beyond a pin and a first byte, then a peer stream.
+    helped = {s.name: s for s in build_view(A, NODES, {"c": 0}, 6, TIERS, load, helpers=["c"]).sources}
+    assert helped["upstream@c"].startup_s == pytest.approx(0.004 + 0.02 + max(0.0, 0.014 - 0.004 - 0.02) + 0.03)
     without = {s.name: s for s in build_view(A, NODES, {}, 6, TIERS, NodeLoad(startup_s=load.startup_s)).sources}
     assert without["upstream@a"].startup_s == pytest.approx(0.004 + 0.02 + 0.09)  # no line yet: as before
 
