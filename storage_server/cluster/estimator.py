@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,13 +32,14 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.estimate import EstimateReply, EstimateRequest
 from protocol.wire import Descriptor, TransferStats
 from scheduler.estimate import candidate_estimate
+from scheduler.oracle import LineFit
 from scheduler.paths import PathRequest, choose_path, fetch_phase, predict
 
 from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, peer_link, taken_plan
+from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, line_upstream_s, peer_link, taken_plan
 from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
@@ -51,7 +53,9 @@ class Estimator:
         self.refreshed_at = time.monotonic()
         self.delivered = [0.0, 0.0]  # bytes and transfer seconds of this node's completed kv-gets (its engine link)
         self.costs = FixedCosts(node.cfg.rate_ewma_alpha)  # learnt fixed costs (pin, deliver, per source and kind)
+        self.ingest = LineFit(node.cfg.rate_ewma_alpha)  # the pin's time over the bytes it fetched (its own upstream GETs last)
         self.answered = 0
+        self.recent: deque[dict[str, object]] = deque(maxlen=32)  # the latest kv-gets' predicted and measured split (status)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -79,6 +83,14 @@ class Estimator:
             self.delivered[1] += stats.total_s
         f = info.forecast
         if outcome == "ok" and stats is not None and isinstance(f, NodeForecast):
+            self.recent.append({"request_id": info.request_id, "plan": [list(p) for p in f.plan], "critical": f.critical,
+                                "fetch_s": round(f.fetch_s, 6), "predicted_fetch_s": round(f.predicted_fetch_s, 6),
+                                "first_layer_s": round(stats.setup_s + stats.first_layer_s, 6),
+                                "predicted_first_layer_s": round(f.first_layer_s, 6)})
+            if f.critical == f"upstream@{self.me.node_id}" and f.fetched_bytes > 0:
+                # Its own GETs set the pin's end: the time per byte of everything it fetched, whichever link brought
+                # each share (a share from a peer is landed beside them). A peer's pace sets no sample: that link is known.
+                self.ingest.add(f.fetched_bytes, f.fetch_s - f.heads_s)
             self.costs.observe(f.fetch_s, stats.setup_s + stats.first_layer_s, f.predicted_fetch_s, f.first_layer_s,
                                f.critical, f.critical_cost_s, f.teaches, f.heads, f.heads_s)
 
@@ -107,7 +119,15 @@ class Estimator:
         if self.node.fetcher is not None:
             flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
         capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
-        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds))
+        line = self.ingest_line()
+        return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds),
+                        None if line is None else 1.0 / line[1],
+                        0.0 if line is None else max(0.0, line[0] - self.tiers.upstream.latency_s), None if line is None else line[0])
+
+    def ingest_line(self) -> tuple[float, float] | None:
+        """``(intercept s, slope s/byte)`` of this node's pins' time over their fetched bytes (its landing rate is 1/slope),
+        anchored (until sizes vary) at what a fetch of nothing costs: a pin and one GET's first byte."""
+        return self.ingest.line(self.costs.seconds.get("pin", 0.0) + self.tiers.upstream.latency_s)
 
     def nodes(self) -> dict[str, NodeInfo]:
         live = self.node.members.live() if self.node.members is not None else []
@@ -181,15 +201,19 @@ class Estimator:
                           chunk_bytes=float(d.chunk_object_bytes), helpers=helpers, relay_batch_chunks=FILL_BATCH,
                           revalidate_s=revalidate_s)
         choice = predict(PathRequest(n, float(d.chunk_object_bytes), d.num_layers), view, plan)
-        pin = load.startup_s.get("pin", 0.0) + revalidate_s
+        pin = load.startup_s.get("pin", load.pin_prior_s) + revalidate_s
         ended, critical = fetch_phase(choice, view)
         cost, teaches = 0.0, None
         if critical is not None:
             helper = critical.startswith("upstream@") and critical != f"upstream@{self.me.node_id}"
-            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s) if helper else None)
+            line_up = line_upstream_s(load, self.tiers.upstream.latency_s)
+            cost = fixed_cost(load.startup_s, critical, helper_prior(load.startup_s, line_up) if helper else None)
+            if critical == f"upstream@{self.me.node_id}" and line_up is not None:  # what the line's start put in
+                cost = line_up
             teaches = None if helper else ("peer" if critical.startswith("peer:") else "upstream")
+        fetched = sum(b - a for source, a, b in plan if source != "local") * float(d.chunk_object_bytes)
         return NodeForecast(choice.first_layer_s, choice.total_s, fetch_s, ended if critical is not None else pin,
-                            critical, cost, teaches, heads, revalidate_s)
+                            critical, cost, teaches, heads, revalidate_s, tuple(plan), fetched)
 
     def _revalidation_s(self, heads: int, load: NodeLoad) -> float:
         """``heads`` revalidating HEADs: at one HEAD's learnt time, else at the store's measured rate, else configured."""
@@ -203,7 +227,8 @@ class Estimator:
         return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in rates.items()},
                 "upstream_requests_per_s": None if store is None else round(store, 3),
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
-                "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()}}
+                "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()},
+                "ingest_bytes_per_s": None if (line := self.ingest_line()) is None else round(1.0 / line[1]), "recent": list(self.recent)}
 
 
 def stale_count(confirmed: Mapping[str, float], cids: list[str], after_s: float, now: float) -> int:
@@ -223,6 +248,8 @@ class NodeForecast(Forecast):
     teaches: str | None = None
     heads: int = 0  # revalidating HEADs the pin sent ...
     heads_s: float = 0.0  # ... and their predicted time
+    plan: tuple[tuple[str, int, int], ...] = ()  # what the pin did: (source, first chunk, end) per share
+    fetched_bytes: float = 0.0  # of those shares but this node's own cache's
 
 
 def resolve(host: str, nodes: Mapping[str, NodeInfo]) -> NodeInfo:

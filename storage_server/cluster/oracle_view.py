@@ -36,6 +36,13 @@ teaches it), and per source of the fetch (``peer:<W>``, ``upstream@<W>``; a sour
 starts from its kind's, ``peer`` or ``upstream``, and a kind from ``fetch``, what every fetched share pays:
 the lookup, the grant, the set-up) from the pin's time less the links' (the residual goes to the source
 that set the fetch's end).
+
+A node also learns one line for its pins that its own GETs ended: time = fixed part + fetched bytes ×
+time per byte (:class:`scheduler.oracle.LineFit`). Its rate is ``ingest-><node>``, a link every fetched
+share crosses (measured: a peer's share beside the upstream's added no throughput, the node's landing
+bound both), and the store's links take it too; its fixed part starts the node's own upstream share
+(a residual-learnt cost would take a big fetch's noise to every size) and, less a GET's first byte,
+stands for ``pin`` until a pin with nothing to fetch has taught it.
 """
 
 from __future__ import annotations
@@ -60,6 +67,11 @@ def engine_link(node_id: str, host: str) -> str:
 
 def peer_link(source: str, node_id: str) -> str:
     return f"{source}->{node_id}"
+
+
+def ingest_link(node_id: str) -> str:
+    """A node's landing of fetched chunks into its cache: every share it fetches crosses it, whichever link brought it."""
+    return f"ingest->{node_id}"
 
 
 def upstream_link(node_id: str) -> str:
@@ -142,6 +154,16 @@ class NodeLoad:
     capacity: Mapping[str, float] = field(default_factory=dict)  # configured bandwidth overrides (the allocator's pool)
     age_s: float = 0.0  # since the rates were refreshed
     startup_s: Mapping[str, float] = field(default_factory=dict)  # learnt fixed costs (FixedCosts.seconds)
+    # What this node lands into its cache per second, all fetched shares together (learnt: Estimator.ingest); None: not
+    # learnt yet, the links' rates alone.
+    ingest_bytes_per_s: float | None = None
+    # A pin's own fixed cost until a pin with nothing to fetch has taught it (``startup_s["pin"]``): what the ingest
+    # line's fetches cost beside their bytes and one GET's first byte (the same bookkeeping, the GETs left out).
+    pin_prior_s: float = 0.0
+    # That line's fixed part (the pin's bookkeeping, lookups, a GET's first byte): the start of this node's own upstream
+    # share, in place of pin + first byte + the source's residual-learnt cost, which a big fetch's noise would move for
+    # every size (the line puts a big fetch's error mostly on its slope). None: not learnt yet.
+    fetch_intercept_s: float | None = None
 
 
 def corrected_startup(previous: float, measured_s: float, predicted_s: float, alpha: float, samples: int = 0) -> float:
@@ -193,8 +215,8 @@ class FixedCosts:
         instead of ``pin``, so that error scales with the stale count rather than starting every later kv-get."""
         if critical is None and heads > 0:
             self.learn("revalidate", fetch_s / heads, predicted_fetch_s / heads, heads_s / heads)
-        elif critical is None:
-            self.learn("pin", fetch_s, predicted_fetch_s, 0.0)
+        elif critical is None:  # the prediction was the pin alone: its learnt value or its prior
+            self.learn("pin", fetch_s, predicted_fetch_s, predicted_fetch_s)
         else:
             for level in ("fetch", kind):  # what the prediction would have been with that level's cost
                 if level is not None and level != critical:
@@ -204,9 +226,17 @@ class FixedCosts:
         self.learn("deliver", first_layer_s - fetch_s, predicted_first_layer_s - predicted_fetch_s, 0.0)
 
 
-def helper_prior(costs: Mapping[str, float]) -> float:
-    """A helper's fixed cost until it has its own: the upstream's (its GETs) and a peer stream's (here)."""
-    return fixed_cost(costs, "upstream") + fixed_cost(costs, "peer")
+def helper_prior(costs: Mapping[str, float], upstream_s: float | None = None) -> float:
+    """A helper's fixed cost until it has its own: the upstream's (its GETs; ``upstream_s``: what this node's fetch line
+    puts beyond a pin and a first byte, in place of the residual-learnt ``upstream``) and a peer stream's (here)."""
+    return (fixed_cost(costs, "upstream") if upstream_s is None else max(0.0, upstream_s)) + fixed_cost(costs, "peer")
+
+
+def line_upstream_s(load: NodeLoad, first_byte_s: float) -> float | None:
+    """The fetch line's fixed part less the pin and one GET's first byte (what the upstream costs beyond them), or None."""
+    if load.fetch_intercept_s is None:
+        return None
+    return load.fetch_intercept_s - load.startup_s.get("pin", load.pin_prior_s) - first_byte_s
 
 
 def _link(name: str, tier: Tier, tl: TierLink, load: NodeLoad) -> LinkView:
@@ -228,7 +258,7 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
     eng = engine_link(me, host_of(target))
     links = {eng: _link(eng, Tier.SAME_HOST, tiers.tiers[Tier.SAME_HOST], load)}
     start = load.startup_s
-    pin, deliver = start.get("pin", 0.0) + revalidate_s, start.get("deliver", 0.0)
+    pin, deliver = start.get("pin", load.pin_prior_s) + revalidate_s, start.get("deliver", 0.0)
 
     def to_me(node_id: str) -> str:
         name = peer_link(node_id, me)
@@ -240,8 +270,16 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
 
     requests_per_s = load.rates.get(UPSTREAM_REQUESTS)
     # The store as this node's own GETs and HEADs measured it replaces the configured first-byte time on every node's
-    # upstream link and on the store's own (the same store; what the others achieve is not known here).
+    # upstream link and on the store's own (the same store; what the others achieve is not known here) — unless the
+    # node has learnt its whole fetches' time per byte (the ingest line): the store as its own fetches found it, GETs,
+    # landing and all, so the store's links take that rate too (the configured first-byte time and GETs at once are an
+    # operator's calibration; what this node's fetches took is the measurement).
+    ingest: tuple[str, ...] = ()
     measured_up = tiers.measured_rate(chunk_bytes, requests_per_s) if requests_per_s else None
+    if load.ingest_bytes_per_s:
+        name = ingest_link(me)
+        links[name] = LinkView(name, load.ingest_bytes_per_s, 0.0, Tier.SAME_HOST, age_s=load.age_s)
+        ingest, measured_up = (name,), load.ingest_bytes_per_s
 
     def upstream_into(node_id: str) -> tuple[str, ...]:
         name = upstream_link(node_id)
@@ -260,7 +298,7 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
         if node_id == me or chunks <= 0:
             continue
         name = f"peer:{node_id}"
-        sources.append(Source(name, SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), eng), alive=node_id not in gone,
+        sources.append(Source(name, SourceKind.PEER, min(chunks, num_chunks), (to_me(node_id), *ingest, eng), alive=node_id not in gone,
                               startup_s=pin + fixed_cost(start, name), store_and_forward=True, deliver_s=deliver))
         other = nodes.get(node_id)
         if direct and chunks >= num_chunks and other is not None:
@@ -271,15 +309,17 @@ def build_view(target: NodeInfo, nodes: Mapping[str, NodeInfo], warm: Mapping[st
             sources.append(Source(f"direct:{node_id}", SourceKind.PEER, num_chunks, (link,), alive=node_id not in gone,
                                   startup_s=fixed_cost(start, "peer") + deliver, whole_only=True))
     first_byte = tiers.upstream.latency_s
-    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), eng),
-                          startup_s=pin + first_byte + fixed_cost(start, f"upstream@{me}"), store_and_forward=True, deliver_s=deliver))
+    own_start = pin + first_byte + fixed_cost(start, f"upstream@{me}") if load.fetch_intercept_s is None else revalidate_s + load.fetch_intercept_s
+    sources.append(Source(f"upstream@{me}", SourceKind.UPSTREAM, num_chunks, (*upstream_into(me), *ingest, eng),
+                          startup_s=own_start, store_and_forward=True, deliver_s=deliver))
     for node_id in sorted(set(helpers) - {me}):
         # A helper's share: its GETs into its cache, then a peer stream here (until measured: the upstream's fixed cost
         # and a peer stream's), a fill batch at a time.
         ups = upstream_into(node_id)
         name = f"upstream@{node_id}"
-        sources.append(Source(name, SourceKind.UPSTREAM, num_chunks, (*ups, to_me(node_id), eng), alive=node_id not in gone,
-                              startup_s=pin + first_byte + fixed_cost(start, name, helper_prior(start)), store_and_forward=True,
+        sources.append(Source(name, SourceKind.UPSTREAM, num_chunks, (*ups, to_me(node_id), *ingest, eng), alive=node_id not in gone,
+                              startup_s=pin + first_byte + fixed_cost(start, name, helper_prior(start, line_upstream_s(load, first_byte))),
+                              store_and_forward=True,
                               deliver_s=deliver, relay_at=len(ups), relay_batch_chunks=relay_batch_chunks))
     return OracleView(tuple(sources), links, stale_after_s)
 

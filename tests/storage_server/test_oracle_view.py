@@ -174,3 +174,39 @@ def test_a_pins_revalidating_heads_teach_one_heads_time_not_the_pins():
     # 10 HEADs predicted at 20 ms each (0.2 s) took 0.405 s with the pin's 5 ms: one HEAD ~40 ms; the pin stays.
     costs.observe(0.405, 0.425, 0.205, 0.206, heads=10, heads_s=0.2)
     assert costs.seconds["pin"] == pytest.approx(0.005) and costs.seconds["revalidate"] == pytest.approx(0.04)
+
+
+def test_a_learnt_landing_rate_is_one_link_every_fetched_share_crosses_and_the_stores_rate_too():
+    load = NodeLoad(rates={UPSTREAM_REQUESTS: 500.0}, ingest_bytes_per_s=40e6)
+    view = build_view(A, NODES, {"a": 1, "b": 3}, 6, TIERS, load, chunk_bytes=262144.0, helpers=["c"])
+    by_name = {s.name: s for s in view.sources}
+    assert by_name["peer:b"].links == ("b->a", "ingest->a", "a->host-a")
+    assert by_name["upstream@a"].links == ("upstream->a", "ingest->a", "a->host-a")
+    assert by_name["upstream@c"].links[-2:] == ("ingest->a", "a->host-a") and by_name["local"].links == ("a->host-a",)
+    assert view.links["ingest->a"].effective_bytes_per_s() == 40e6
+    # The node's own fetches measured the store, GETs and landing together: that rate, not the request-rate model's.
+    assert view.links["upstream->a"].effective_bytes_per_s() == 40e6
+    assert "ingest->a" not in build_view(A, NODES, {"b": 3}, 6, TIERS, NodeLoad()).links  # not learnt: the links alone
+
+
+def test_the_lines_fixed_part_starts_the_nodes_own_upstream_share_whatever_the_residuals_taught():
+    # A big fetch's noise taught the upstream's residual-learnt cost 90 ms; the line (fixed part 14 ms) puts it on the slope.
+    load = NodeLoad(startup_s={"pin": 0.004, "upstream@a": 0.09, "peer": 0.03}, ingest_bytes_per_s=44e6, fetch_intercept_s=0.014)
+    by_name = {s.name: s for s in build_view(A, NODES, {"b": 3}, 6, TIERS, load, revalidate_s=0.002).sources}
+    assert by_name["upstream@a"].startup_s == pytest.approx(0.002 + 0.014)  # stale chunks' HEADs, then the line's start
+    assert by_name["peer:b"].startup_s == pytest.approx(0.004 + 0.002 + 0.03)  # a peer's share keeps its learnt cost
+    # A helper not measured yet: its GETs cost what this node's line puts beyond a pin and a first byte, then a peer stream.
+    helped = {s.name: s for s in build_view(A, NODES, {"c": 0}, 6, TIERS, load, helpers=["c"]).sources}
+    assert helped["upstream@c"].startup_s == pytest.approx(0.004 + 0.02 + max(0.0, 0.014 - 0.004 - 0.02) + 0.03)
+    without = {s.name: s for s in build_view(A, NODES, {}, 6, TIERS, NodeLoad(startup_s=load.startup_s)).sources}
+    assert without["upstream@a"].startup_s == pytest.approx(0.004 + 0.02 + 0.09)  # no line yet: as before
+
+
+def test_the_pins_prior_stands_until_a_pin_with_nothing_to_fetch_teaches_it():
+    prior = NodeLoad(pin_prior_s=0.006)
+    assert {s.name: s for s in build_view(A, NODES, {"a": 4}, 4, TIERS, prior).sources}["local"].startup_s == pytest.approx(0.006)
+    learnt = NodeLoad(startup_s={"pin": 0.002}, pin_prior_s=0.006)
+    assert {s.name: s for s in build_view(A, NODES, {"a": 4}, 4, TIERS, learnt).sources}["local"].startup_s == pytest.approx(0.002)
+    costs = FixedCosts(alpha=0.3)
+    costs.observe(0.008, 0.010, 0.006, 0.007)  # a local kv-get predicted with the prior's 6 ms took 8 ms
+    assert costs.seconds["pin"] == pytest.approx(0.008)  # the first is taken whole, whatever the prior was
