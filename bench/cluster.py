@@ -6,7 +6,8 @@ island node (no cluster) over the same upstream, one tenant:
 * **peer vs upstream** — a prefix put through B (warm on B only) is fetched through A, whose
   missing chunks come from B's cache; the same prefix fetched through the island comes from the
   upstream (one GET per chunk). ``peer_vs_upstream`` = upstream time / peer time, best of
-  ``--repeats`` fresh chunk sets (a chunk is cold only once on each node).
+  ``--repeats`` fresh chunk sets (a chunk is cold only once on each node); each timed fetch starts ``SETTLE_S``
+  after the put or fetch before it.
 * **failover** — a prefix warm on B0 and C, fetched through A while B0 (its serving rate capped so
   the stream would take 2 s) is SIGKILLed as soon as it has served a chunk: the kv-get completes
   through C (these two cases run with ``path_choice = "peer-first"``: the peer path itself, no choice). ``failover_added_s`` = that kv-get's
@@ -35,6 +36,9 @@ from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
 from . import cluster_oracle, upstreams
 from .cluster_saturated import report_lines, saturated
 from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, start_server
+
+
+SETTLE_S = 1.0  # quiet time before each timed fetch of the peer-vs-upstream case
 
 
 def cluster_toml(name: str, port: int, key: str, cache_bytes: int, serve_rate: float = 0.0) -> str:
@@ -135,6 +139,10 @@ async def one_upstream(name: str, args: argparse.Namespace, layout: KVLayout, co
             keys = chunk_keys(np.arange(context, dtype=np.uint64) + r * context, layout.chunk_tokens, f"cluster-{context}-{r}")
             await _put(nodes["b"], "bench-cluster", keys, layout, rng.integers(0, 256, layout.chunk_bytes, dtype=np.uint8))
             for path, node in (("peer", nodes["a"]), ("upstream", nodes["island"])):
+                # Each timed fetch starts SETTLE_S after the work before it (the put's upstream writes, which
+                # SeaweedFS digests for a while after acknowledging; A's writing of the peer's chunks into its cache):
+                # a prefix is put some time before it is read again, and neither path pays for the other's work.
+                await asyncio.sleep(SETTLE_S)
                 seconds, paths = await _fetch(node, "bench-cluster", keys, layout, args.transport)
                 runs[path].append({"s": seconds, "paths": paths})
         best = {p: min(rs, key=lambda x: x["s"]) for p, rs in runs.items()}
