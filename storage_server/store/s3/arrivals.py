@@ -79,7 +79,7 @@ class Arrivals:
         """Where the ``i``-th wanted chunk is received, if it has this arena's size (else None: it takes the cache path)."""
         if size != self.row_bytes or not 0 <= i < self.count or self._array is None:
             return None
-        return memoryview(self._array[i * self.row_bytes : (i + 1) * self.row_bytes])  # type: ignore[arg-type]
+        return self.view(i)
 
     def holds(self, i: int, data: object) -> bool:
         """Whether ``data`` is row ``i`` of this arena (a chunk received here, not in a buffer of its own)."""

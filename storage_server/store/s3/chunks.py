@@ -74,8 +74,6 @@ def _write_each(files: list[tuple[Path, bytes]]) -> None:
         _write(path, [data])
 
 
-
-
 @dataclass
 class Filled:
     """What a second source brought for one pin: the chunks it cached and pinned, bytes per path, failovers; and,
@@ -324,10 +322,10 @@ class S3ChunkSource(ChunkSource):
             busy = [self._inflight[c] for _, _, c in missing if c in self._inflight]
             if busy and self.second is not None:  # fetched (or landed) for another kv-get: wait for it, not fetch it again
                 await asyncio.wait(busy)
-                more = [c for _, _, c in missing if self.files.size(c) is not None]
-                self.files.policy.pin(more)
+                more = {c for _, _, c in missing if self.files.size(c) is not None}
+                self.files.policy.pin(list(more))
                 pinned += more
-                missing = [m for m in missing if m[2] not in set(more)]
+                missing = [m for m in missing if m[2] not in more]
             if missing and self.second is not None and pin_for is not None:
                 if pin_for.chunk_bytes > 0:  # raw chunks from peers arrive in memory (cut-through), the rest via the cache
                     filled.arrivals, filled.rows = Arrivals.make(len(keys), pin_for.chunk_bytes), [i for i, _, _ in missing]
