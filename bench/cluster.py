@@ -37,7 +37,6 @@ from . import cluster_oracle, upstreams
 from .cluster_saturated import report_lines, saturated
 from .harness import BenchServer, add_bench_parser, finish, grouped_bars, llama_layout, power_of_two, print_table, start_server
 
-
 SETTLE_S = 1.0  # quiet time before each timed fetch of the peer-vs-upstream case
 
 

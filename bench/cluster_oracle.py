@@ -45,6 +45,10 @@ from .harness import BenchServer, s3_client, start_server
 
 MODES = ("scheduler", "peer-first", "upstream")
 NODES = ("a", "b", "c")
+# Quiet time before each kv-get. The nine nodes stand for nine hosts, but share two cores here: a node lands a fetched
+# prefix in its cache after its kv-get, and that landing slowed the next trio's kv-get (the upstream-only replay's 24-chunk
+# fetches took 85-180 ms back to back). The peer case pauses so too (``bench.cluster.SETTLE_S``).
+SETTLE_S = 0.5
 WARMUP = 3  # requests whose prediction errors are left out: the nodes learn their fixed costs from them
 
 
@@ -160,7 +164,8 @@ async def one_request(nodes: dict[str, BenchServer], bucket: str, name: str, key
 
 
 async def replay(up: upstreams.Upstream, layout: KVLayout, requests: list[list[int]], blob: bytes,
-                 peer_rate: float, fb_ms: float, store_streams: int, transport: str) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+                 peer_rate: float, fb_ms: float, store_streams: int, transport: str,
+                 settle_s: float = 0.0) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """The replay under every path choice at once, request by request (request i under each mode, then i + 1), so the
     modes see the same moment of a shared machine's load; each mode has its own three nodes and bucket."""
     cache = 4 * layout.chunk_bytes * sum(len(r) for r in requests)
@@ -178,6 +183,7 @@ async def replay(up: upstreams.Upstream, layout: KVLayout, requests: list[list[i
             keys = keys_of(blocks, layout)
             for k in range(len(MODES)):  # the order rotates, so no mode is always first after a pause
                 mode = MODES[(i + k) % len(MODES)]
+                await asyncio.sleep(settle_s)
                 rows[mode].append(await one_request(trios[mode], f"oracle-{mode}", NODES[i % len(NODES)], keys, layout, transport))
         # What the scheduler's nodes learnt (measured rates, fixed costs): the README's reasons come from here.
         learnt = {name: node.status().get("oracle", {}) for name, node in trios["scheduler"].items()}
@@ -204,13 +210,14 @@ async def run_case(up: upstreams.Upstream, args: argparse.Namespace, layout: KVL
     blob = np.random.default_rng(5).integers(0, 256, layout.chunk_bytes, dtype=np.uint8).tobytes()
     peer_rate = args.peer_mbps * 1e6
     fb_ms, store_streams = await calibrate(up, blob)
-    runs, learnt = await replay(up, layout, requests, blob, peer_rate, fb_ms, store_streams, args.transport)
+    runs, learnt = await replay(up, layout, requests, blob, peer_rate, fb_ms, store_streams, args.transport,
+                                0.0 if args.quick else args.oracle_settle_s)
     sched = runs["scheduler"]
     errors = [abs(r["predicted_first_layer_s"] - r["measured_first_layer_s"]) / r["measured_first_layer_s"]
               for r in sched[WARMUP:] if r["measured_first_layer_s"] > 0]
     regrets = [path_regret([runs[m][i] for m in MODES]) for i in range(len(sched))]
     samples = [sched[i]["s"] / min(runs[m][i]["s"] for m in MODES) - 1 for i in range(len(sched))]
-    return {"requests": len(requests), "peer_bytes_per_s": peer_rate, "upstream_first_byte_ms": fb_ms, "upstream_store_streams": store_streams,
+    return {"requests": len(requests), "settle_s": 0.0 if args.quick else args.oracle_settle_s, "peer_bytes_per_s": peer_rate, "upstream_first_byte_ms": fb_ms, "upstream_store_streams": store_streams,
             "oracle_first_layer_error_p50": statistics.median(errors) if errors else None,
             "path_regret_p50": statistics.median(regrets), "sample_regret_p50": statistics.median(samples),
             "choice_regret_p50": _median_or_none([r for i, r in enumerate(regrets) if len({path_of(runs[m][i]) for m in MODES}) > 1]),
@@ -263,4 +270,6 @@ def report(case: dict) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-requests", type=int, default=24, help="trace requests the oracle case replays")
+    p.add_argument("--oracle-settle-s", type=float, default=SETTLE_S,
+                   help="quiet seconds before each kv-get of the oracle case (0: back to back)")
     p.add_argument("--peer-mbps", type=float, default=16.0, help="each node's pace to its peers in the oracle case (MB/s)")

@@ -11,9 +11,10 @@ decode rates (what ``auto`` decides with). Runs interleave (repeat → variant);
 Those nodes run with ``compression.decoded_copies_bytes = 0``, so every kv-get the node serves decodes (what the
 "node" column measures). At the slowest and the fastest rate a node with the default configuration (decoded copies on,
 the default budget) runs raw and ``auto`` again (:func:`_default_at_rate`): ``first`` is a kv-get of chunks no kv-get
-read before (the node decodes them, or the SDK does, and the node fills its copies afterwards), ``auto`` a warm
-kv-get of chunks read once before (on a fast link: served from the copies, gathered like raw chunks). The headline
-fields come from these.
+read before, after their kv-put landed (``compression.decode_on_put``: the node copied them right after the put, so on
+a fast link it reads copies), ``put_then_get`` one issued the moment its kv-put returns (racing those copies: what it
+finds not copied yet the node decodes, or the SDK does), ``auto`` a warm kv-get of chunks read once before (on a fast
+link: served from the copies, gathered like raw chunks). The headline fields come from these.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ async def _at_rate(server, sample: KVSample, codec: str, layers: int, chunks: in
 async def _default_at_rate(server, sample: KVSample, codec: str, layers: int, chunks: int, repeats: int, workers: int,
                            compute_per_layer: float) -> dict:
     """A node with the default configuration: raw (warm), ``first`` (auto over chunks never read before, a fresh set
-    per repeat) and ``auto`` (warm: the first repeat's chunks again, its copies filled)."""
+    per repeat, put before the runs), ``put_then_get`` (auto the moment a fresh set's kv-put returns) and ``auto``
+    (warm: the first repeat's chunks again, its copies filled)."""
     layout = _layout(sample, layers)
     data = _chunks(sample, layout, chunks)
     tokens = np.arange(chunks * layout.chunk_tokens, dtype=np.uint64)
@@ -112,9 +114,12 @@ async def _default_at_rate(server, sample: KVSample, codec: str, layers: int, ch
         await get("default-warmup", "node")  # both sides' decoders measured (on other chunks) before auto decides
         await get("default-warmup", "client")
         await _copies_filled(server)
-        runs: dict[str, list[dict]] = {"raw": [], "first": [], "auto": []}
+        runs: dict[str, list[dict]] = {"raw": [], "first": [], "put_then_get": [], "auto": []}
         for r in range(repeats):  # a kv-get of chunks never read before; its copies filled before the next kv-get
             runs["first"].append(await get(f"default-first-{r}", "auto"))
+            await _copies_filled(server)
+            await c.put_chunks(keys(f"default-race-{r}"), data, layout, codec=codec)
+            runs["put_then_get"].append(await get(f"default-race-{r}", "auto"))  # at once: racing the copies of its put
             await _copies_filled(server)
         for r in range(2 * repeats):  # raw and warm auto (the first repeat's chunks again) interleaved, either first in turn
             for v in (("raw", "auto") if r % 2 == 0 else ("auto", "raw")):
@@ -126,6 +131,7 @@ async def _default_at_rate(server, sample: KVSample, codec: str, layers: int, ch
         mid = got[ttfts.index(statistics.median_low(ttfts))]
         out[v] = {"ttft_s": round(mid["ttft_s"], 6), "runs_ttft_s": [round(t, 6) for t in ttfts], "site": mid["site"],
                   "sites": sorted({x["site"] for x in got}), "decoded_copies": mid["decoded_copies"], "decoded_copies_read": mid["read"],
+                  "runs_copies": [x["decoded_copies"] for x in got],
                   "byte_exact": None if mid["exact"] is None else all(x["exact"] for x in got)}
     return out
 
@@ -166,7 +172,8 @@ def measure(sample: KVSample, codec: str, rates: list[float], layers: int, paylo
             server.stop()
         raw = got["raw"]["ttft_s"]
         default.append({"link_gbps": rate, "decoded_copies_bytes": got.pop("decoded_copies_bytes"), "variants": got,
-                        "first_vs_raw": round(raw / got["first"]["ttft_s"], 4), "auto_vs_raw": round(raw / got["auto"]["ttft_s"], 4)})
+                        "first_vs_raw": round(raw / got["first"]["ttft_s"], 4), "auto_vs_raw": round(raw / got["auto"]["ttft_s"], 4),
+                        "put_then_get_vs_raw": round(raw / got["put_then_get"]["ttft_s"], 4)})
     return {"measured": True, "codec": codec, "kv": sample.name, "chunks": chunks, "layers": layers, "payload_bytes": layout.payload_bytes(chunks),
             "workers": workers, "transport": "http (data endpoint)", "rows": rows, "default_config": default,
             "method": "measured: a node's paced kv-gets, layer arrival times at the SDK; modelled: the engine's compute laid over them"}

@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from client_sdk import KVLayout, ObjectCacheClient, chunk_keys
-
-from .lifeline import spawn
+from objectcache.lifeline import spawn
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from client_sdk import KVLayout
-
-from .lifeline import spawn
+from objectcache.lifeline import spawn
 
 T = TypeVar("T")
 

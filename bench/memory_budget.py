@@ -9,7 +9,8 @@ plus a page-cache budget of ``--budget-fraction`` × the payload, and one cold l
 shm kv-get per ``storage_server.read_path`` (``page-cache``, ``direct``, ``planner``) and
 budget measures the time to the first layer (TTFT's share that the store decides), the
 whole payload, and how busy the store's disk was. Each run restarts the server (a
-server keeps the chunk files it read mapped) and drops the page cache. Needs root and a
+server keeps the chunk files it read mapped) and drops the page cache; the repeats are
+interleaved (every read path once per round) and the medians reported with the load. Needs root and a
 memory cgroup controller; elsewhere it says why and stops.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from client_sdk import ObjectCacheClient, chunk_keys
+from storage_server.residency import page_cached
 
 from .harness import add_bench_parser, finish, llama_layout, print_table, start_server
 from .transfer import DiskBusy, drop_page_cache
@@ -106,14 +108,38 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-async def cold_fetch(server, keys: list[str], layout, payload: int) -> dict:
-    """One cold layerwise shm kv-get: seconds to the first layer and to the whole payload, disk busy, what the server read how."""
+def evict_files(root: Path, min_bytes: int, attempts: int = 50) -> None:
+    """Drop the store's chunk files (those of at least ``min_bytes`` under ``root``) from the page cache
+    (``fadvise(DONTNEED)``, asked again until the kernel has, bounded): only the chunk data goes cold. Dropping the
+    whole page cache (``--drop-all``) also drops the server's and the client's code pages and the store's metadata,
+    and the first layer then waits for those to fault back in: the same for every read path, tens of milliseconds
+    that vary with the rest of the machine (and it empties the page cache of everything else running there). The
+    chunk the warm-up fetch read stays mapped by the server and keeps its pages either way."""
+    fds = [os.open(p, os.O_RDONLY) for p in root.rglob("*") if p.is_file() and p.stat().st_size >= min_bytes]
+    try:
+        for _ in range(attempts):
+            for fd in fds:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if sum(page_cached(fd, 0) for fd in fds) <= 1:
+                return
+            time.sleep(0.02)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+async def cold_fetch(server, keys: list[str], layout, payload: int, evict_data: bool = True) -> dict:
+    """One cold layerwise shm kv-get: seconds to the first layer and to the whole payload, disk busy, what the server read
+    how, and how long the server's read of layer 0 took (its own timeline: the part of the first layer the read path decides)."""
     async with ObjectCacheClient(server.endpoint, server.access_key, server.secret_key, bucket="budget") as c:
         await c.warm_up(payload)  # the client faults its region in: its pages are the client's, not the server's cgroup's
         async with c.fetch_layers(keys[:1], layout, "shm", mode="layerwise") as layers:
             async for _ in layers:
                 pass
-        drop_page_cache()
+        if evict_data:
+            evict_files(server.root / "data", layout.chunk_bytes)
+        else:
+            drop_page_cache()
         busy = DiskBusy(server.root)
         t = time.perf_counter()
         first = None
@@ -122,7 +148,9 @@ async def cold_fetch(server, keys: list[str], layout, payload: int) -> dict:
                 first = first if first is not None else time.perf_counter() - t
         total = time.perf_counter() - t
         s = layers.stats.server
-        return {"first_layer_s": first, "total_s": total, "disk_busy": busy.fraction(), "gb_per_s": payload / total / 1e9,
+        timeline = s.layer_timeline
+        return {"first_layer_s": first, "layer0_read_s": timeline[0][1] - timeline[0][0] if timeline else None,
+                "layer0_start_s": timeline[0][0] if timeline else None, "server_first_layer_s": s.first_layer_s, "total_s": total, "disk_busy": busy.fraction(), "gb_per_s": payload / total / 1e9,
                 "direct_read_bytes": s.direct_read_bytes, "read_ahead_bytes": s.read_ahead_bytes, "resident_sample": s.resident_sample}
 
 
@@ -149,37 +177,60 @@ def run(args: argparse.Namespace) -> dict:
         print(f"payload {payload / 2**20:.0f} MiB ({n} chunks of {layout.chunk_bytes / 2**20:.1f} MiB, {layout.num_layers} layers); "
               f"page-cache budgets {', '.join(f'{f:g}' for f in fractions)} × payload")
         for fraction in fractions:
-            for policy in POLICIES:
-                runs = []
-                for _ in range(args.repeats):
+            runs: dict[str, list[dict]] = {p: [] for p in args.read_paths}
+            for _ in range(args.repeats):  # interleaved: every read path once per round, so drift in the load hits them alike
+                for label in args.read_paths:
                     cgroup.limit(None)
-                    server = server.restart(f'[storage_server]\nread_path = "{policy}"\n')
+                    server = server.restart(_server_toml(label))
                     cgroup.add(server.proc.pid)
                     asyncio.run(_settle())
                     held = cgroup.unreclaimable()
                     cgroup.limit(held + int(fraction * payload))
-                    runs.append(asyncio.run(cold_fetch(server, keys, layout, payload)))
-                row = {"budget_fraction": fraction, "read_path": policy, "payload_bytes": payload,
-                       **{k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None for k in runs[0]}}
-                rows.append(row)
+                    runs[label].append(asyncio.run(cold_fetch(server, keys, layout, payload, not args.drop_all)) | {"load_1m": os.getloadavg()[0]})
+            for label in args.read_paths:
+                got = runs[label]
+                rows.append({"budget_fraction": fraction, "read_path": label, "payload_bytes": payload, "runs": len(got),
+                             "first_layer_runs_s": [r["first_layer_s"] for r in got],
+                             **{k: statistics.median(r[k] for r in got) if got[0][k] is not None else None for k in got[0]}})
     finally:
         server.stop()
         cgroup.remove()
     table = []
     for row in rows:
-        best = min(r["first_layer_s"] for r in rows if r["budget_fraction"] == row["budget_fraction"])
+        # the best of the three read paths as configured by default (a NAME@WINDOW variant is shown beside them, not a rival)
+        same = [r for r in rows if r["budget_fraction"] == row["budget_fraction"]]
+        best = min(r["first_layer_s"] for r in [r for r in same if "@" not in r["read_path"]] or same)
         row["first_layer_vs_best"] = row["first_layer_s"] / best
-        table.append([f"{row['budget_fraction']:g}", row["read_path"], f"{row['first_layer_s'] * 1e3:.1f}", f"{row['total_s'] * 1e3:.0f}",
+        table.append([f"{row['budget_fraction']:g}", row["read_path"], f"{row['first_layer_s'] * 1e3:.1f}",
+                      "-" if row["layer0_read_s"] is None else f"{row['layer0_start_s'] * 1e3:.1f} + {row['layer0_read_s'] * 1e3:.1f}",
+                      f"{row['server_first_layer_s'] * 1e3:.1f}", f"{row['total_s'] * 1e3:.0f}",
                       f"{row['gb_per_s']:.2f}", "-" if row["disk_busy"] is None else f"{row['disk_busy']:.0%}",
                       f"{row['direct_read_bytes'] / 2**20:.0f}", f"{row['first_layer_vs_best']:.2f}"])
-    print_table(["budget × payload", "read path", "first layer ms", "whole ms", "GB/s", "disk busy", "MiB direct", "first layer / best"], table)
+    print_table(["budget × payload", "read path", "first layer ms", "server: layer 0 read starts + takes ms", "server first layer ms", "whole ms", "GB/s", "disk busy", "MiB direct", "first layer / best"], table)
     planner = [r for r in rows if r["read_path"] == "planner"]
+    print(f"load (1-minute average, median of the runs): {statistics.median(r['load_1m'] for r in rows):.1f} on {os.cpu_count()} cores")
     targets = {"planner best or within 5% of the best first layer at every budget": all(r["first_layer_vs_best"] <= 1.05 for r in planner)}
     for name, ok in targets.items():
         print(f"- {name}: {'met' if ok else 'MISSED'}")
     result = {"bench": "memory-budget", "payload_bytes": payload, "rows": rows, "dual_blade": DUAL_BLADE, "targets": targets,
               "cgroup": "v2" if cgroup.v2 else "v1"}
     return finish(args, result)
+
+
+def _server_toml(label: str) -> str:
+    """``NAME`` or ``NAME@WINDOW``: storage_server.read_path NAME, and read_ahead_window_bytes WINDOW where given
+    (``planner@0``: every page-cache layer asked ahead at once, as before the window)."""
+    name, _, window = label.partition("@")
+    return f'[storage_server]\nread_path = "{name}"\n' + (f"read_ahead_window_bytes = {int(window)}\n" if window else "")
+
+
+def _read_paths(text: str) -> list[str]:
+    labels = [p for p in text.split(",") if p]
+    for label in labels:
+        name, _, window = label.partition("@")
+        if name not in POLICIES or (window and not window.isdigit()):
+            raise argparse.ArgumentTypeError(f"{label!r}: NAME[@WINDOW_BYTES], NAME one of {', '.join(POLICIES)}")
+    return labels
 
 
 async def _settle() -> None:
@@ -193,4 +244,9 @@ def add_parser(sub) -> None:
     p.add_argument("--scale", type=int, default=4, help="Llama-3-8B bytes per token divided by this (default 4: 8 MiB chunks)")
     p.add_argument("--budget-fraction", type=float, nargs="+", default=list(FRACTIONS),
                    help="page-cache budgets as fractions of the payload (default 0.25 0.5 1 2)")
+    p.add_argument("--read-paths", type=_read_paths, default=list(POLICIES),
+                   help="comma-separated NAME[@WINDOW_BYTES] (default page-cache,direct,planner); e.g. planner@0 beside planner: "
+                        "the read-ahead all at once against the window, in one interleaved run")
+    p.add_argument("--drop-all", action="store_true",
+                   help="drop the whole page cache before each run (as before), not only the store's chunk files")
     p.add_argument("--repeats", type=int, default=1, help="cold runs per budget and read path (the median is reported)")

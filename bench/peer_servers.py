@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .lifeline import spawn
+from objectcache.lifeline import spawn
 
 
 class PeerUnavailable(RuntimeError):

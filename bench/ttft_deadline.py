@@ -79,22 +79,26 @@ async def measure_deadline(case: DeadlineCase, chunks: list, gpu: ModelledGPU) -
                     if e.code != ErrorCode.KVLoadBudgetExceeded:
                         raise
                     n, cut = 0, True
-            if not n:
-                compute = per_layer_seconds(case.context, 0) / case.scale
-                for _ in range(lay.num_layers):
-                    await gpu.compute(compute)
+            fell_back = time.perf_counter() - t
+            if not n:  # a recompute is one prefill of the whole context: one call (a per-layer thread hop each cost a loaded host ~2 ms)
+                await gpu.compute(per_layer_seconds(case.context, 0) / case.scale * lay.num_layers)
             ttft = time.perf_counter() - t
+            recomputed = ttft - fell_back if not n else None
     finally:
         srv.stop()
     recompute = per_layer_seconds(case.context, 0) / case.scale * NUM_LAYERS
-    return {"ttft_s": ttft, "budget_s": case.budget_s, "loaded_chunks": n, "hit_chunks": len(case.keys), "cut": cut,
-            "slow_gbps": case.slow_gbps(), "no_cache_s": recompute, "within_budget_plus_recompute": ttft <= case.budget_s + recompute}
+    # The bound: the budget plus the recompute as this host ran it (the modelled GPU's sleep on a thread overshoots on a
+    # busy host; the nominal compute where the load was kept).
+    bound = case.budget_s + (recompute if recomputed is None else max(recompute, recomputed))
+    return {"ttft_s": ttft, "recompute_started_s": None if recomputed is None else fell_back, "recompute_s": recomputed,
+            "budget_s": case.budget_s, "loaded_chunks": n, "hit_chunks": len(case.keys), "cut": cut, "slow_gbps": case.slow_gbps(),
+            "no_cache_s": recompute, "bound_s": bound, "within_budget_plus_recompute": ttft <= bound}
 
 
 def cell(d: dict) -> str:
     """The table cell: TTFT, the share of the hit loaded, and the bound."""
     loaded = "cut, recomputed" if d["cut"] else f"{d['loaded_chunks'] / max(d['hit_chunks'], 1):.0%} loaded"
-    return f"{d['ttft_s']:.3f} ({loaded}, ≤ {d['budget_s'] + d['no_cache_s']:.3f})"
+    return f"{d['ttft_s']:.3f} ({loaded}, ≤ {d.get('bound_s', d['budget_s'] + d['no_cache_s']):.3f})"
 
 
 def report(rows: list[dict]) -> dict[str, bool]:

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .lifeline import spawn
+from objectcache.lifeline import spawn
 
 KEYS = ("bench", "bench-secret")  # moto accepts any credentials; SeaweedFS is given these
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from objectcache.lifeline import spawn
+
 from .harness import REPO, add_bench_parser, finish, grouped_bars, print_table, s3_client, start_server
-from .lifeline import spawn
 from .vllm_engine import BLOCK, ENV
 from .vllm_model import SIZES, build, vocabulary
 
@@ -118,9 +119,10 @@ def run(args: argparse.Namespace) -> dict:
     max_len = max(lengths) * 2
     common = {"model": model, "max_model_len": max_len, "kv_bytes": max(32 << 20, 4 * max_len * size.kv_bytes_per_token())}
     # --quick (make test's smoke run) starts one connector process, over shm: engine start-up is most of its time.
-    wanted = ("shm",) if args.quick else TRANSPORTS
+    wanted = ("shm",) if args.quick else tuple(args.transports.split(","))
     transports = [t for t in wanted if t != "rdma" or rdma_available()[0]]
-    skipped = {t: "not in --quick" if t not in wanted else rdma_available()[1] for t in TRANSPORTS if t not in transports}
+    skipped = {t: ("not in --quick" if args.quick else "not in --transports") if t not in wanted else rdma_available()[1]
+               for t in TRANSPORTS if t not in transports}
     cases = _prompts(lengths, vocabulary(model))
     srv = start_server()
     try:
@@ -209,10 +211,20 @@ def _plot(result: dict, fig) -> None:
     ax.legend()
 
 
+def _transports(value: str) -> str:
+    names = [t for t in value.split(",") if t]
+    unknown = sorted(set(names) - set(TRANSPORTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown transports {unknown} (known: {', '.join(TRANSPORTS)})")
+    return ",".join(["shm", *(t for t in TRANSPORTS if t in names and t != "shm")])
+
+
 def add_parser(sub) -> None:
     p = add_bench_parser(sub, "vllm", "TTFT of real vLLM: ObjectCache's connector vs recompute vs vLLM's own prefix hit", run)
     p.add_argument("--model", choices=sorted(SIZES), default="0.5b", help="the random-weight Llama to build (--quick: tiny)")
     p.add_argument("--model-dir", help="where built models are kept (reused across runs); default: a temporary directory")
     p.add_argument("--lengths", default="512,1024,2048,3072", help="prompt lengths in tokens, multiples of 256")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), type=_transports,
+                   help="the connector's transports to time (shm is the headline and always runs)")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per path (the median is reported)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one engine process may take")

@@ -29,7 +29,7 @@ def make_llm(spec: dict[str, Any]):
 
     kv = None
     if spec["path"] == "connector":
-        kv = KVTransferConfig(kv_connector="ObjectCacheConnector", kv_connector_module_path="client_sdk.vllm_connector", kv_role="kv_both",
+        kv = KVTransferConfig(kv_connector="ObjectCacheConnector", kv_connector_module_path="client_sdk.vllm_connector", kv_role=spec.get("kv_role", "kv_both"),
                               kv_load_failure_policy="recompute", kv_connector_extra_config=spec["extra_config"])
     return LLM(model=spec["model"], dtype="float32", block_size=BLOCK, enforce_eager=True, enable_prefix_caching=spec["path"] == "local",
                max_model_len=spec["max_model_len"], kv_cache_memory_bytes=spec["kv_bytes"], seed=0, kv_transfer_config=kv)

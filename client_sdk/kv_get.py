@@ -4,13 +4,14 @@ from the node when a peer's stream of it breaks, and hand the caller a :class:`L
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -27,7 +28,12 @@ from .frames import FrameStream
 from .layout import KVLayout
 from .local_session import FastPathUnavailable, LocalSession, NoResponse
 from .signed import SignedRequests, _unreachable, log
-from .stream import FetchStats, LayerStream
+from .stream import FetchStats, LayerStream, budget_exceeded
+
+T = TypeVar("T")
+# This process gives up on a load this long before its budget runs out: closing the stream and the caller's switch to its
+# recompute take about that on a busy host (0.8 ms at load average 5), and the recompute must start within the budget.
+BUDGET_REACTION_S = 0.002
 
 
 class KVGets(SignedRequests):
@@ -66,7 +72,10 @@ class KVGets(SignedRequests):
         ``load_budget_s`` (0: none): the storage server ends a layerwise
         transfer with ``KVLoadBudgetExceeded`` at the first layer it expects to
         start later than this after it received the kv-get (the layers before
-        it are delivered); the caller recomputes the rest.
+        it are delivered); the caller recomputes the rest. This process raises
+        the same error itself when a layer is not in place that long after this
+        call (the node's clock starts only once the request has reached it: on a
+        busy host the request path alone took tens of milliseconds).
         ``decode``: where compressed chunks are decoded, ``"node"`` (the node writes raw layers),
         ``"client"`` (http and rdma: the node sends them as stored, fewer bytes on the link, and this
         process decodes them on its own bounded pool, ``decode_threads``) or ``"auto"`` (over http and
@@ -86,6 +95,7 @@ class KVGets(SignedRequests):
         destinations = self._destinations[kind]
         check = destinations.verify_by_default if verify is None else verify
         started = time.perf_counter()
+        deadline = started + load_budget_s - min(BUDGET_REACTION_S, load_budget_s / 2) if load_budget_s > 0 else None
         resp = None
         frames: FrameStream | DirectFrameStream | None = None
         opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
@@ -120,7 +130,8 @@ class KVGets(SignedRequests):
                 body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
-                    resp, frames = await self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
+                    opening = self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
+                    resp, frames = await (opening if deadline is None else _by(deadline, load_budget_s, opening))
                     break
                 except S3Error as e:
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
@@ -133,7 +144,7 @@ class KVGets(SignedRequests):
             opened.append((resp, frames))
             landed = destinations.layer_waiter(dest, int(resp.headers.get(HEADER_RDMA_TAG, "0")))
             stream = LayerStream(frames, resp, dest.view, layout.per_layer_chunk_bytes * len(keys), layout.num_layers, kind.name.lower(), check,
-                                 started, landed, decodes, layout.per_layer_chunk_bytes, resume)
+                                 started, landed, decodes, layout.per_layer_chunk_bytes, resume, deadline)
             count_unreachable(stream.stats)
             yield stream
             # Leaving early abandons the transfer: closing the connection stops the server.
@@ -202,3 +213,12 @@ class KVGets(SignedRequests):
         if kind not in self._destinations:
             raise ValueError(f"transport must be one of {', '.join(sorted(k.name.lower() for k in self._destinations))} or 'auto', not {transport!r}")
         return kind
+
+
+async def _by(deadline: float, budget_s: float, opening: Awaitable[T]) -> T:
+    """``opening`` (the kv-get's request), given up with ``KVLoadBudgetExceeded`` at ``deadline`` (perf_counter)."""
+    try:
+        async with asyncio.timeout_at(asyncio.get_running_loop().time() + deadline - time.perf_counter()):
+            return await opening
+    except TimeoutError:
+        raise budget_exceeded(0, budget_s) from None

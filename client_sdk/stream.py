@@ -91,6 +91,24 @@ class LayerDigests:
         return crc32c(view) if c is None else c
 
 
+def finish_after(arrivals_s: list[float], num_layers: int, budget_s: float) -> bool:
+    """Whether layers landing at the pace of the last ones (``arrivals_s``, since the request) put the last one in place
+    after ``budget_s`` (pure): then the load is given up at once, as the node gives up a layer it cannot start in time."""
+    k = len(arrivals_s)
+    if k < 2 or k >= num_layers:
+        return False
+    pace = (arrivals_s[-1] - arrivals_s[0]) / (k - 1)
+    return arrivals_s[-1] + (num_layers - k) * pace > budget_s
+
+
+def budget_exceeded(layer: int, budget_s: float) -> S3Error:
+    """The load budget ran out on the caller's clock before ``layer`` was in place: what the node answers when it cuts a
+    transfer, raised here too, since the node's clock starts only when the request reaches it."""
+    return S3Error(ErrorCode.KVLoadBudgetExceeded,
+                   f"layer {layer} was not in place within the load budget of {budget_s:g} s (load_budget_s, this process's "
+                   "clock); the layers before it were delivered", extra={"Field": "load_budget_s", "LayerBoundary": str(layer)})
+
+
 class LayerStream:
     """Async iterator of ``(layer, view)`` in layer order, each as soon as it has landed.
 
@@ -100,8 +118,10 @@ class LayerStream:
 
     def __init__(self, frames: FrameStream | DirectFrameStream, response: aiohttp.ClientResponse, payload: memoryview, layer_bytes: int,
                  num_layers: int, transport: str, verify: bool, started: float, landed: Callable[[int], Awaitable[None]] | None = None,
-                 decodes: LayerDecodes | None = None, slice_bytes: int = 0, resume: Resume | None = None) -> None:
+                 decodes: LayerDecodes | None = None, slice_bytes: int = 0, resume: Resume | None = None,
+                 deadline: float | None = None) -> None:
         self._frames = frames
+        self._deadline = deadline  # perf_counter time by which every layer must be in place (the load budget), or None
         self._resume = resume  # asks the client's node again for the layers from one on (a peer's direct stream broke)
         self._resumes_left = MAX_RESUMES
         self._from_layer = 0  # the first layer the current stream sends
@@ -141,6 +161,22 @@ class LayerStream:
         return arr.reshape(layout.num_layers, n, 2, layout.chunk_tokens, layout.kv_heads, layout.head_dim)
 
     async def __anext__(self) -> tuple[int, memoryview]:
+        if self._deadline is None:
+            return await self._next_or_resumed()
+        if not self._done and time.perf_counter() >= self._deadline:  # a layer already buffered is read without suspending
+            raise budget_exceeded(self._next, self._deadline - self._started)
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + self._deadline - time.perf_counter()):
+                got = await self._next_or_resumed()
+        except TimeoutError:
+            if self._done:
+                raise StopAsyncIteration from None
+            raise budget_exceeded(self._next, self._deadline - self._started) from None
+        if finish_after(self.stats.layer_arrival_s, self.num_layers, self._deadline - self._started):
+            raise budget_exceeded(got[0], self._deadline - self._started)  # the recompute can start now, not at the deadline
+        return got
+
+    async def _next_or_resumed(self) -> tuple[int, memoryview]:
         try:
             while True:
                 try:

@@ -18,6 +18,7 @@ from objectcache.dev_tenant import DEV_CREDENTIALS_FILE, endpoint_url, recorded_
 from protocol.config import Config, ConfigError, load_config
 
 from . import logging_setup
+from .lifeline import spawn
 from .sdnotify import notify
 from .supervise import Supervised
 
@@ -156,7 +157,8 @@ def _spawn(role: str, args: argparse.Namespace, port: int | None, lock_fd: int |
         argv += ["--lock-fd", str(lock_fd)]
     # The children must not talk to systemd themselves: ``serve`` is the unit's main process and says READY once both are.
     env = dict({k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, pass_fds=() if lock_fd is None else (lock_fd,))
+    # Tied to serve's life: a serve killed outright (SIGKILL, OOM) takes both with it instead of leaving them on the port and data directory.
+    return spawn(argv, stdout=subprocess.PIPE, text=True, env=env, pass_fds=() if lock_fd is None else (lock_fd,))
 
 
 def _echo(stream) -> None:

@@ -61,6 +61,21 @@ def read_headers(d: Descriptor, fds: list[int], offsets: list[int], sizes: list[
     return headers
 
 
+def stored_headers(keys: list[str], fds: list[int], offsets: list[int], sizes: list[int]) -> list[ChunkHeader | None]:
+    """Each stored chunk's checked header, None for a raw one (no descriptor: the header's own shape)."""
+    out: list[ChunkHeader | None] = []
+    for key, fd, offset, size in zip(keys, fds, offsets, sizes):
+        fixed = bytearray(min(size, FIXED_HEADER_BYTES))
+        _pread_exact(fd, memoryview(fixed), offset, f"chunk {key!r}")
+        if not (head := head_of(fixed)):
+            out.append(None)
+            continue
+        whole = bytearray(min(size, head))
+        _pread_exact(fd, memoryview(whole), offset, f"chunk {key!r}")
+        out.append(decode_header(key, whole, size))
+    return out
+
+
 def check_puts(bucket: str, items: list[tuple[str, memoryview]], policy: CompressionConfig) -> None:
     """Refuse a kv-put batch holding a compressed chunk whose header is inconsistent (``KVInvalidCompressedChunk``)
     or whose codec this bucket does not allow (``KVCodecNotAllowed``); raw chunks pass unread."""

@@ -22,10 +22,11 @@ from protocol.wire import MAX_DESCRIPTOR_BYTES
 
 from .data_endpoint import DataEndpoint
 from .gc_schedule import GcSchedule
-from .kv_service import KVService, PacerFactory, VerbsOpener, open_pyverbs
+from .kv_service import KVService, PacerFactory, VerbsOpener
 from .local_sessions import SessionEndpoint
 from .metrics import StorageServerMetrics
 from .rdma_objects import RdmaObjects
+from .registrations import open_pyverbs
 from .rpc_server import Reply, RpcCall, RpcServer
 from .shm_handover import HandoverServer
 from .store import ChunkSource, ObjectStore
@@ -61,15 +62,15 @@ class StorageServer:
             Op.KV_GET: self.kv.get,
             Op.KV_PUT: self.kv.put,
             Op.KV_LOOKUP: self.kv.lookup,
-            Op.KV_REGISTER: self.kv.register,
-            Op.KV_UNREGISTER: self.kv.unregister,
-            Op.KV_REGISTER_RDMA: self.kv.register_rdma,
+            Op.KV_REGISTER: self.kv.registrations.register,
+            Op.KV_UNREGISTER: self.kv.registrations.unregister,
+            Op.KV_REGISTER_RDMA: self.kv.registrations.register_rdma,
             Op.KV_TICKET: self.data.ticket,
             Op.KV_SESSION: self.sessions.offer,
             Op.RDMA_GET_OBJECT: RdmaObjects(store, self.kv.regions).get_object,
         }, max_body=max_body)
         self.rpc_key = storage_rpc_key(config.storage_server.rpc_key, config.storage_server.rpc_key_file)
-        self.handover = HandoverServer(self.kv.regions, self.kv.handover_socket)
+        self.handover = HandoverServer(self.kv.regions, self.kv.registrations.handover_socket)
         self._housekeeper: asyncio.Task | None = None
         self.gc = GcSchedule(busy=lambda: bool(self.kv.active))
         self.cluster = _cluster_node(config, chunks, self.data, self.kv)
@@ -121,6 +122,9 @@ class StorageServer:
                 log.info("housekeeping: %s, dropped %d idle regions", swept, expired)
 
     async def _incarnation(self, bucket: str) -> str:
+        return await self.chunks.incarnation(bucket, self._ask_incarnation)
+
+    async def _ask_incarnation(self, bucket: str) -> str:
         return (await self.store.get_bucket(bucket)).incarnation
 
     async def _ping(self, call: RpcCall) -> Reply:

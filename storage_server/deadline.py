@@ -31,7 +31,6 @@ from scheduler.epochs import EpochScheduler
 from scheduler.pacing import TokenBucket
 from scheduler.policies import TransferDemand
 
-
 # The share of a budget a predicted load may fill: the prediction leaves out the request path, the
 # copy into the engine's memory and a busy host's scheduling, which the rest of the budget absorbs.
 DELIVERY_MARGIN = 0.75

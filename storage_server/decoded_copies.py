@@ -23,16 +23,22 @@ pieces on the event loop. A copy a transfer reads is never evicted, so its slot 
 file under that transfer; an evicted copy is unmapped before its slot can be reused, and forgotten, so nothing reads
 its rows afterwards. Copies map at most half of the mapper's bound (the store's own chunk files keep the rest); past it
 a copy is read with ``preadv`` like an unmapped raw chunk.
+
+With ``compression.decode_on_put`` (the default) the node also copies each compressed chunk a kv-put stored, right
+after the put (:meth:`DecodedCopies.prefill`): then the chunk's *first* kv-get on a fast link reads a copy too, instead
+of waiting for the decoder. The fill thread runs at nice 19 (a kv-get's own decode goes first), and such speculative
+copies never evict a copy a kv-get read, nor more than their share of other tenants' (:mod:`.copy_eviction`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +46,10 @@ import numpy as np
 
 from protocol.compressed_chunk import ChunkHeader
 
+from .compressed_reads import stored_headers
+from .copy_eviction import Held, victims
 from .fd_budget import soft_fd_limit
+from .store.chunk_source import ChunkSource
 from .store.mapped_files import MappedFiles, MappedSlot
 
 log = logging.getLogger("objectcache.storage_server.decoded_copies")
@@ -60,6 +69,8 @@ class _Copy:
     size: int
     readers: int = 0
     slot: MappedSlot | None = None  # where the copy is mapped (None: read with preadv)
+    tenant: str = ""  # whose kv-get or kv-put made it
+    speculative: bool = False  # made after a kv-put, not read by any kv-get yet
 
 
 @dataclass
@@ -81,10 +92,19 @@ class Taken:
         return len(self.used)
 
 
+def _lowest_priority() -> None:
+    """The fill thread at nice 19 (this thread only, Linux): a kv-get's own decode and delivery run first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+
+
 class DecodedCopies:
     """Raw copies of decoded chunks within ``max_bytes`` in ``root`` (see the module docstring)."""
 
-    def __init__(self, root: Path, max_bytes: int, queue_chunks: int | None = None, mapper: MappedFiles | None = None) -> None:
+    def __init__(self, root: Path, max_bytes: int, queue_chunks: int | None = None, mapper: MappedFiles | None = None,
+                 stream_threads: int = 2) -> None:
         """``queue_chunks``: fills queued at most (each holds a duplicate of its chunk's file descriptor, outside the
         transfers' budget: by default 4,096 or an eighth of the file limit, whichever is smaller). ``mapper``: the
         store's mappings (raw chunks and copies then gather together); None: copies get their own."""
@@ -96,10 +116,18 @@ class DecodedCopies:
         self._pending: set[Identity] = set()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies", initializer=_lowest_priority)
+        # Decodes of chunks streaming in from an upstream (storage_server.stream_decode): a kv-get waits for these.
+        self.stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="stream-decode")
+        self.stream_threads = stream_threads
+        self._stream_meter: dict[str, tuple[int, float]] = {}  # codec -> (raw bytes decoded, thread-seconds)
+        self.stream_declined = 0  # chunks not decoded while fetched: the decoders would have fallen behind the link
         self._names = 0
         self._closed = False
         self.hits = self.fills = self.evicted = self.skipped = 0
+        self.prefills = self.prefill_skipped = self.streamed = 0  # copies made after a kv-put; ones skipped (no room within the rules)
+        self._pending_prefills = 0
+        self._arriving = 0  # kv-puts whose chunks are still being pinned for prefill (counted as pending)
         self._own_mapper = mapper is None
         self.mapper = mapper if mapper is not None else MappedFiles(1 << 16)
 
@@ -130,6 +158,7 @@ class DecodedCopies:
                     self._drop(ident)  # type: ignore[arg-type]
                     continue
                 copy.readers += 1
+                copy.speculative = False  # a kv-get wanted it: an ordinary copy from now on
                 self._copies.move_to_end(ident)  # type: ignore[arg-type]
                 taken.used.append(ident)  # type: ignore[arg-type]
                 taken.opened.append(fd)
@@ -151,27 +180,55 @@ class DecodedCopies:
             self._evict(0)
         taken.opened, taken.used = [], []
 
-    def fill(self, taken: Taken, fds: list[int], headers: list[ChunkHeader | None], keys: list[str]) -> None:
+    def fill(self, taken: Taken, fds: list[int], headers: list[ChunkHeader | None], keys: list[str], tenant: str = "") -> None:
         """After a kv-get that decoded its compressed chunks: queue a copy of each not copied yet (the pinned files
         are duplicated, so the copies outlive the pins)."""
+        self._queue(taken.ids, fds, headers, keys, tenant, False)
+
+    def prefill(self, fds: list[int], offsets: list[int], headers: list[ChunkHeader | None], keys: list[str], tenant: str) -> None:
+        """Right after a kv-put stored these chunks (pinned by the caller): queue a speculative copy of each compressed
+        one not copied yet. A stat per chunk: the caller runs it off the event loop. At most half the fill queue holds
+        speculative fills, so a kv-get's fills still find room."""
+        if self._closed:
+            return
+        ids = [identity(fd, off) if h is not None else None for fd, off, h in zip(fds, offsets, headers)]
+        self._queue(ids, fds, headers, keys, tenant, True)
+
+    def arriving(self, delta: int) -> None:
+        """A kv-put's prefill starts (+1) or has queued its fills (-1): until then ``status()['pending']`` counts it."""
+        with self._lock:
+            self._arriving += delta
+
+    def _queue(self, ids: list[Identity | None], fds: list[int], headers: list[ChunkHeader | None], keys: list[str], tenant: str,
+               speculative: bool) -> None:
         jobs = []
         with self._lock:
-            for j, ident in enumerate(taken.ids):
+            for j, ident in enumerate(ids):
                 h = headers[j]
                 if ident is None or h is None or ident in self._copies or ident in self._pending:
                     continue
-                if len(self._pending) >= self.queue_chunks or h.layers * h.slice_bytes > self.max_bytes:
-                    self.skipped += 1
+                full = (self._pending_prefills >= self.queue_chunks // 2) if speculative else len(self._pending) >= self.queue_chunks
+                if full or h.layers * h.slice_bytes > self.max_bytes:
+                    if speculative:
+                        self.prefill_skipped += 1
+                    else:
+                        self.skipped += 1
                     continue
                 self._pending.add(ident)
-                jobs.append((ident, os.dup(fds[j]), h, keys[j]))
+                self._pending_prefills += speculative
+                jobs.append((ident, os.dup(fds[j]), h, keys[j], tenant, speculative))
         for job in jobs:
             self._worker.submit(self._fill_one, *job)
 
-    def _fill_one(self, ident: Identity, fd: int, header: ChunkHeader, key: str) -> None:
+    def _fill_one(self, ident: Identity, fd: int, header: ChunkHeader, key: str, tenant: str = "", speculative: bool = False) -> None:
         try:
             if self._closed:
                 return
+            if speculative:  # no decode for a copy that could not be kept (the room is checked again after it)
+                with self._lock:
+                    if self._victims(header.layers * header.slice_bytes, tenant, True) is None:
+                        self.prefill_skipped += 1
+                        return
             encoded = np.empty(header.object_bytes, np.uint8)
             got = os.preadv(fd, [memoryview(encoded)], ident[5])
             if got != header.object_bytes:
@@ -183,8 +240,11 @@ class DecodedCopies:
             with self._lock:
                 self._names += 1
                 path = self.root / f"{self._names:016x}"
-                if not self._evict(raw.nbytes):
-                    self.skipped += 1
+                if not self._evict(raw.nbytes, tenant, speculative):
+                    if speculative:
+                        self.prefill_skipped += 1
+                    else:
+                        self.skipped += 1
                     return
                 self._bytes += raw.nbytes  # reserved before the write: the budget holds while it runs
             slot = None
@@ -209,28 +269,87 @@ class DecodedCopies:
                     self._bytes -= raw.nbytes
                     path.unlink(missing_ok=True)
                     return
-                self._copies[ident] = _Copy(path, raw.nbytes, slot=slot)
-                self.fills += 1
+                self._copies[ident] = _Copy(path, raw.nbytes, slot=slot, tenant=tenant, speculative=speculative)
+                if speculative:
+                    self.prefills += 1
+                else:
+                    self.fills += 1
         except Exception:
             log.exception("decoded copy of chunk %r failed (it is decoded again next time)", key)
         finally:
             os.close(fd)
             with self._lock:
                 self._pending.discard(ident)
+                self._pending_prefills -= speculative
+
+    # -- copies decoded while their chunk streams in (storage_server.stream_decode) -------------------------------
+    def reserve(self, nbytes: int, tenant: str) -> Path | None:
+        """Room for a copy a kv-get waits for (a read copy's rules), and the file to write it into; None: no room."""
+        with self._lock:
+            if self._closed or nbytes > self.max_bytes or not self._evict(nbytes, tenant, False):
+                self.skipped += 1
+                return None
+            self._bytes += nbytes
+            self._names += 1
+            return self.root / f"{self._names:016x}.tmp"
+
+    def stream_decoded(self, codec: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            b, s = self._stream_meter.get(codec, (0, 0.0))
+            self._stream_meter[codec] = (b + nbytes, s + seconds)
+
+    def stream_rate(self, codec: str) -> float | None:
+        """Raw bytes/s the stream-decode pool decodes ``codec`` at (all its workers); None before it decoded any."""
+        with self._lock:
+            b, s = self._stream_meter.get(codec, (0, 0.0))
+        return b / s * self.stream_threads if s > 0 else None
+
+    def unreserve(self, tmp: Path, nbytes: int) -> None:
+        tmp.unlink(missing_ok=True)
+        with self._lock:
+            self._bytes -= nbytes
+
+    def adopt(self, ident: Identity, tmp: Path, nbytes: int, tenant: str) -> None:
+        """A reserved copy fully written at ``tmp``: kept (mapped where the bound allows) for the chunk file ``ident``."""
+        path, slot = tmp.with_suffix(""), None
+        try:
+            with open(tmp, "r+b") as f:
+                if self._mapped_copies() < self.mapper.max_mapped // 2:
+                    slot = self.mapper.map(f.fileno(), nbytes)
+            os.rename(tmp, path)
+        except BaseException:
+            if slot is not None:
+                self.mapper.unmap(slot)
+            self.unreserve(tmp, nbytes)
+            raise
+        with self._lock:
+            if self._closed or ident in self._copies:
+                if slot is not None:
+                    self.mapper.unmap(slot)
+                self._bytes -= nbytes
+                path.unlink(missing_ok=True)
+                return
+            self._copies[ident] = _Copy(path, nbytes, slot=slot, tenant=tenant)
+            self.streamed += 1
 
     def _mapped_copies(self) -> int:
         with self._lock:
             return sum(c.slot is not None for c in self._copies.values())
 
-    def _evict(self, room: int) -> bool:
-        """Evict least recently used copies no transfer reads until ``room`` more bytes fit (lock held); False: they cannot."""
-        for ident in list(self._copies):
-            if self._bytes + room <= self.max_bytes:
-                break
-            if self._copies[ident].readers == 0:
-                self._drop(ident)
-                self.evicted += 1
-        return self._bytes + room <= self.max_bytes
+    def _victims(self, room: int, tenant: str, speculative: bool) -> list | None:
+        held = [Held(i, c.size, c.tenant, c.speculative, c.readers) for i, c in self._copies.items()]
+        return victims(held, self._bytes, self.max_bytes, room, tenant, speculative)
+
+    def _evict(self, room: int, tenant: str = "", speculative: bool = False) -> bool:
+        """Make ``room`` more bytes fit by the rules of :mod:`.copy_eviction` (lock held); False: they cannot (then
+        nothing is evicted)."""
+        out = self._victims(room, tenant, speculative)
+        if out is None:
+            return False
+        for ident in out:
+            self._drop(ident)
+            self.evicted += 1
+        return True
 
     def _drop(self, ident: Identity) -> None:
         """Forget a copy no transfer reads (lock held): unmapped first, so its slot is free only once nothing maps it."""
@@ -244,7 +363,10 @@ class DecodedCopies:
     def status(self) -> dict[str, int]:
         with self._lock:
             return {"max_bytes": self.max_bytes, "bytes": self._bytes, "chunks": len(self._copies), "hits": self.hits,
-                    "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending),
+                    "fills": self.fills, "evicted": self.evicted, "skipped": self.skipped, "pending": len(self._pending) + self._arriving,
+                    "prefills": self.prefills, "prefill_skipped": self.prefill_skipped, "streamed": self.streamed,
+                    "stream_declined": self.stream_declined,
+                    "speculative_bytes": sum(c.size for c in self._copies.values() if c.speculative),
                     "mapped": sum(c.slot is not None for c in self._copies.values()), "max_mapped": self.mapper.max_mapped // 2}
 
     def close(self) -> None:
@@ -252,8 +374,32 @@ class DecodedCopies:
         transfer runs any more)."""
         self._closed = True
         self._worker.shutdown(wait=True)
+        self.stream_pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for ident in list(self._copies):
                 self._drop(ident)
         if self._own_mapper:
             self.mapper.close()
+
+
+async def prefill_after_put(chunks: ChunkSource, copies: DecodedCopies, pool: Executor, bucket: str, keys: list[str], tenant: str) -> None:
+    """After a kv-put stored compressed chunks: queue their decoded copies (``compression.decode_on_put``), so their
+    first kv-get on a fast link reads copies. It only ever saves work: a failure is logged, never the put's. The caller
+    counted it with ``copies.arriving(1)`` before starting it."""
+    try:
+        pinned = await chunks.pin_held(bucket, keys)
+        if pinned is None:
+            return
+        try:
+            def queue() -> None:
+                headers = stored_headers(keys, pinned.fds, pinned.offsets, pinned.sizes)
+                copies.prefill(pinned.fds, pinned.offsets, headers, keys, tenant)
+            await asyncio.get_running_loop().run_in_executor(pool, queue)
+        finally:
+            pinned.release()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("decoded copies after a kv-put of %d chunks into %r failed (their first kv-get decodes)", len(keys), bucket)
+    finally:
+        copies.arriving(-1)

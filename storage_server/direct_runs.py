@@ -1,5 +1,5 @@
 """A cold layerwise transfer split along its read path (:mod:`storage_server.read_path`): the first layers through
-the page cache, read ahead in the order the transfer consumes them, the rest with O_DIRECT a group of layers at a
+the page cache, read ahead a window at a time as the transfer consumes them (:mod:`.read_ahead`), the rest with O_DIRECT a group of layers at a
 time, ``direct_depth`` reads in flight; afterwards the chunks warmed into the page cache within the shared budget."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from protocol.wire import Mode, TransferStats
 from .decode_pipeline import _settled
 from .direct_reads import DirectFiles, aligned, group_layers, read_layer_group, read_pool
 from .memory_budget import MemoryBudget
-from .read_path import ReadPath
+from .read_ahead import WindowedReadAhead
+from .read_path import ReadPath, read_ahead_window
 from .read_plan import ReadPlan, _stats
 from .residency import read_ahead
 from .transports import Transport
@@ -26,47 +27,38 @@ if TYPE_CHECKING:
     from .executor import Pacer
 
 
-def _layer_order(plan: ReadPlan, layers: int, group: int) -> tuple[list[int], list[int], list[int]]:
-    """Read-ahead ranges of layers 0..layers-1 in the order the transfer consumes them: a group of layers of every
-    chunk, then the next group (chunk by chunk, the first layer would wait for the last chunk's every layer)."""
-    s = plan.descriptor.per_layer_chunk_bytes
-    fds, offsets, sizes = [], [], []
-    for first in range(0, layers, group):
-        n = min(group, layers - first) * s
-        for fd, offset in zip(plan.fds, plan.offsets):
-            fds.append(fd)
-            offsets.append(offset + first * s)
-            sizes.append(n)
-    return fds, offsets, sizes
-
-
 class DirectRuns:
     """The :class:`Executor`'s page-cache/O_DIRECT split of a transfer (its ``_run`` reads the page-cache layers)."""
 
     pool: ThreadPoolExecutor
     direct_depth: int
     read_path: str
+    read_ahead_window_bytes: int
     budget: MemoryBudget
     _direct: ThreadPoolExecutor | None
 
     async def _run_path(self, plan: ReadPlan, transport: Transport, pacer: Pacer | None, started: float, path: ReadPath,
                         files: DirectFiles | None) -> TransferStats:
-        """Layers 0..n₁−1 through the page cache (their bytes read ahead, deep-queued), the rest with O_DIRECT."""
+        """Layers 0..n₁−1 through the page cache (read ahead in a window that moves with the layer being read, layer 0
+        alone first: :mod:`.read_ahead`), the rest with O_DIRECT."""
         d = plan.descriptor
-        loop = asyncio.get_running_loop()
         n1, s = path.page_cache_layers, d.per_layer_chunk_bytes
         cached = direct = None
         # The direct layers start once the page-cache layers are read: started beside them, their reads would
         # queue against the first layers' read-ahead, and the first layer is what an engine waits for.
         try:
             if n1:
-                ahead = None if not path.read_ahead_bytes else loop.run_in_executor(
-                    None, read_ahead, *_layer_order(plan, n1, group_layers(s, d.num_layers)), path.read_ahead_bytes)
-                try:
+                if not path.read_ahead_bytes:
                     cached = await self._run(plan, transport, pacer, started, range(n1))
-                finally:
-                    read_ahead_bytes = await ahead if ahead is not None else 0  # the pinned fds stay open until it is done
-                cached.read_ahead_bytes = read_ahead_bytes
+                else:
+                    window = read_ahead_window(d.layer_bytes, n1, self.read_ahead_window_bytes, plan.mode == Mode.LAYERWISE)
+                    ahead = WindowedReadAhead(plan, n1, window, path.read_ahead_bytes, group_layers(s, d.num_layers), pacer)
+                    ahead.start()
+                    try:
+                        cached = await self._run(plan, transport, ahead, started, range(n1))
+                    finally:
+                        read_ahead_bytes = await ahead.settle()  # the pinned fds stay open until every advice is done
+                    cached.read_ahead_bytes = read_ahead_bytes
             if files is not None and n1 < d.num_layers:
                 direct = await self._run_direct(plan, transport, pacer, started, files, range(n1, d.num_layers))
             if direct is not None:

@@ -68,9 +68,11 @@ class FdBudget:
         return n
 
     @contextlib.asynccontextmanager
-    async def hold(self, files: int, per_file: int = FDS_PER_FILE) -> AsyncIterator[None]:
-        """Wait until ``files`` chunk files fit beside the other transfers', hold them for the block."""
+    async def hold(self, files: int, per_file: int = FDS_PER_FILE, extra: int = 0) -> AsyncIterator[None]:
+        """Wait until ``files`` chunk files (and ``extra`` more descriptors: a capacity tier's copies decoding while
+        their chunks stream in) fit beside the other transfers', hold them for the block."""
         n = self.need(files, per_file)
+        n += max(0, min(extra, self.total - n))  # the extra ones only as far as they could ever fit (never a wait forever)
         async with self._changed:
             self.waiting += 1
             try:
@@ -83,6 +85,23 @@ class FdBudget:
         finally:
             async with self._changed:
                 self.held -= n
+                self._changed.notify_all()
+
+    def try_take(self, files: int, per_file: int = 1) -> int:
+        """Take ``files·per_file`` more descriptors now if they fit beside the others' (0: they do not, or never could;
+        nothing waits, so a transfer already holding some never waits for more); :meth:`give` them back after."""
+        n = files * per_file
+        if n > self.total or self.held + n > self.total:
+            return 0
+        self.held += n
+        return n
+
+    async def give(self, n: int) -> None:
+        """Descriptors :meth:`try_take` took, given back (wakes transfers waiting for room; given back before the wait
+        for the lock, so a cancellation meanwhile loses no descriptors)."""
+        if n:
+            self.held -= n
+            async with self._changed:
                 self._changed.notify_all()
 
     def status(self) -> dict[str, int]:

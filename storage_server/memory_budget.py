@@ -40,8 +40,11 @@ class MemoryBudget:
         return max(0, self.total() - self.held)
 
     def take(self, want: int) -> int:
-        """Up to ``want`` bytes of what is free, held until ``give_back``."""
-        got = min(max(0, want), self.free())
+        """Up to ``want`` bytes of what is free, held until ``give_back``. A warm transfer wants none and reads no facts
+        (re-reading /proc and the cgroup files was 0.7 ms before layer 0 of a kv-get more than ``refresh_s`` after the last)."""
+        if want <= 0:
+            return 0
+        got = min(want, self.free())
         self.held += got
         self.grants += got > 0
         return got

@@ -71,6 +71,35 @@ def plan_read_path(policy: str, *, num_layers: int, layer_bytes: int, resident: 
     return ReadPath(n1, n1 < num_layers, n1 * layer_bytes)
 
 
+# Bytes of page-cache layers asked ahead of the layer being read (storage_server.read_ahead_window_bytes's default).
+READ_AHEAD_WINDOW_BYTES = 8 << 20
+
+
+def read_ahead_window(layer_bytes: int, page_cache_layers: int, window_bytes: int, layerwise: bool) -> int:
+    """Page-cache layers in flight at once: the one being read and those asked ahead of it, at least ``window_bytes``
+    (two layers at least, so the next layer's reads overlap this one's copy). 0: every page-cache layer at once, as a
+    chunkwise transfer reads (every layer is read together) or when ``window_bytes`` is 0.
+
+    Asked all at once, n₁ layers of read-ahead went to the disk beside the first layer's own reads: measured at
+    0.5× and 1× of the payload (64 and 124 MiB ahead in a 64 / 128 MiB budget) the first layer took 14 % and 44 %
+    longer than direct's, the cgroup reclaiming while layer 0 read at 1×."""
+    if not layerwise or window_bytes <= 0 or layer_bytes <= 0 or page_cache_layers <= 0:
+        return 0
+    return min(page_cache_layers, max(2, -(-window_bytes // layer_bytes)))
+
+
+def read_ahead_frontier(layer: int, page_cache_layers: int, window: int) -> int:
+    """How many of the page-cache layers (0..n₁−1) are to be asked ahead once ``layer`` is about to be read.
+
+    Layer 0 alone first: it is what an engine waits for, and nothing else is queued on the disk beside it; from
+    layer 1 on, ``window`` layers from the one being read (``window`` 0: all n₁ from the start)."""
+    if window <= 0:
+        return page_cache_layers
+    if layer <= 0:
+        return min(1, page_cache_layers)
+    return min(page_cache_layers, layer + window)
+
+
 def wanted_bytes(policy: str, num_layers: int, layer_bytes: int, resident: float, cold_fraction: float, direct_possible: bool) -> int:
     """What a transfer asks of the shared budget: its cold bytes (none when warm or reading direct only)."""
     if resident >= 1.0 or (policy == "direct" and direct_possible and resident <= cold_fraction):

@@ -104,7 +104,8 @@ class ObjectCacheConnector(KVConnectorBase_V1):
                 log.warning("ObjectCache bucket %r could not be checked or created at %s: %s", c.bucket, c.endpoint, e)
             self._scheduler = SchedulerSide(self.namespace, self.block_size, self.client.lookup, self._block_ids,
                                             lookup_within=self.client.lookup_within, chunk_shape=_chunk_shape(kv_cache_config),
-                                            load_budget_s=c.load_budget_s)
+                                            load_budget_s=c.load_budget_s, loads=self._kv_transfer_config.is_kv_consumer,
+                                            saves=self._kv_transfer_config.is_kv_producer)
         else:
             from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 

@@ -30,9 +30,12 @@ class SchedulerSide:
     def __init__(self, namespace: str, block_size: int, lookup: Callable[[list[str]], int],
                  block_ids: Callable[[str], list[int]] | None = None, *,
                  lookup_within: Callable[[list[str], LoadBudget], LookupReply] | None = None,
-                 chunk_shape: tuple[int, int] | None = None, load_budget_s: float = 0.0) -> None:
+                 chunk_shape: tuple[int, int] | None = None, load_budget_s: float = 0.0,
+                 loads: bool = True, saves: bool = True) -> None:
         """``lookup_within``, ``chunk_shape`` (layers, bytes of one chunk's layer) and the deployment's
-        ``load_budget_s``: a request under a budget is offered only the prefix the node expects to land in time."""
+        ``load_budget_s``: a request under a budget is offered only the prefix the node expects to land in time.
+        ``loads`` / ``saves``: vLLM's ``kv_role`` (a ``kv_producer`` never loads, a ``kv_consumer`` never saves)."""
+        self.loads, self.saves = loads, saves
         self.namespace = namespace
         self.block_size = block_size
         self.lookup = lookup
@@ -60,7 +63,7 @@ class SchedulerSide:
         forward pass. An unreachable ObjectCache means no hit (the request computes), never an error.
         """
         st = self.state(request)
-        if st.loadable * self.block_size <= num_computed_tokens:
+        if not self.loads or st.loadable * self.block_size <= num_computed_tokens:
             return 0, False
         budget = self._budget(request, num_computed_tokens)
         try:
@@ -114,8 +117,8 @@ class SchedulerSide:
             if st.load is not None:
                 loads.append(st.load)
                 st.load = None
-        saves = []
-        for req_id, computed in self._scheduled(scheduler_output):
+        saves: list[ChunkTransfer] = []
+        for req_id, computed in self._scheduled(scheduler_output) if self.saves else ():
             st = self.requests.get(req_id)
             if st is None:
                 # vLLM asks get_num_new_matched_tokens for every new request first; without its

@@ -47,6 +47,9 @@ class StorageServerConfig(Section):
     # At most this many bytes of that page-cache budget (0 = as MemAvailable and the memory cgroup allow),
     # e.g. on a node whose memory other services need.
     page_cache_max_bytes: int = 0
+    # Page-cache layers of a cold transfer asked ahead (fadvise WILLNEED) of the layer being read, at least this
+    # many bytes (two layers at least); layer 0 is asked for alone first. 0 = all of them at once.
+    read_ahead_window_bytes: int = 8 << 20
     # Mode threshold Θ (paper eq. 2): payloads below it go chunkwise, others layerwise.
     # 32 MiB moves in ~3 ms at 10 GB/s, about one layer of prefill compute for a
     # short miss on an A100: below that, per-layer notifications and pacing cost
@@ -147,6 +150,7 @@ class StorageServerConfig(Section):
         self.require(self.max_sessions_per_tenant >= 0, "max_sessions_per_tenant", "must be >= 0 (0 = no local fast path)")
         self.require(self.read_threads >= 0, "read_threads", "must be >= 0 (0 = one per CPU core)")
         self.require(0 <= self.cold_read_depth <= 256, "cold_read_depth", "must be 0 (off) to 256")
+        self.require(self.read_ahead_window_bytes >= 0, "read_ahead_window_bytes", "must be >= 0 (0 = every page-cache layer at once)")
         self.require(self.page_cache_max_bytes >= 0, "page_cache_max_bytes", "must be >= 0 (0 = from MemAvailable and the cgroup)")
         self.require(self.read_path in READ_PATHS, "read_path", f"unknown {self.read_path!r} (supported: {', '.join(READ_PATHS)})")
         self.require(self.theta_bytes >= 0, "theta_bytes", "must be non-negative")

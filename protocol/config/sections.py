@@ -296,6 +296,15 @@ class CompressionConfig(Section):
     # quarter of cache.max_bytes; 0: none, every kv-get the node serves decodes. Nothing is copied unless chunks are
     # stored compressed.
     decoded_copies_bytes: int = -1
+    # Within that budget, also decode each compressed chunk a kv-put stores into a copy right after the put, on a
+    # nice-19 thread: the chunk's first kv-get on a fast link then reads a copy, not the decoder. Such copies never
+    # evict a copy a kv-get read (storage_server.copy_eviction). Local-disk stores only (a capacity tier's node
+    # copies what its kv-gets decode).
+    decode_on_put: bool = True
+    # Within that budget, a capacity tier's node decodes each compressed chunk it fetches from the upstream layer by
+    # layer while it streams in (storage_server.stream_decode): the decode overlaps the upstream link, and the cold
+    # kv-get that fetched it reads the copy instead of decoding after the fetch.
+    decode_on_fetch: bool = True
 
     def copies_budget(self, cache_max_bytes: int) -> int:
         """The decoded copies' bytes on a node whose cache holds ``cache_max_bytes`` (see ``decoded_copies_bytes``)."""

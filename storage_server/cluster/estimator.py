@@ -39,7 +39,21 @@ from ..kv_service import Forecast, KVService, TransferInfo
 from ..rpc_server import Reply, RpcCall
 from ..store.s3.buckets import check_key
 from .node import ClusterNode
-from .oracle_view import UPSTREAM_REQUESTS, FixedCosts, NodeLoad, Telemetry, TierMap, build_view, engine_link, fixed_cost, helper_prior, host_of, line_upstream_s, peer_link, taken_plan
+from .oracle_view import (
+    UPSTREAM_REQUESTS,
+    FixedCosts,
+    NodeLoad,
+    Telemetry,
+    TierMap,
+    build_view,
+    engine_link,
+    fixed_cost,
+    helper_prior,
+    host_of,
+    line_upstream_s,
+    peer_link,
+    taken_plan,
+)
 from .peer_server import FILL_BATCH
 
 log = logging.getLogger("objectcache.cluster")
@@ -119,15 +133,23 @@ class Estimator:
         if self.node.fetcher is not None:
             flows |= {peer_link(p, me.node_id): (float(q),) for p, q in self.node.fetcher.tally.inflight.items() if q > 0}
         capacity = {eng: self.kv.pool.scheduler.capacity} if self.kv.pool is not None else {}
-        line = self.ingest_line()
+        line, records_s = self.ingest_line(), self.records_s
         return NodeLoad(dict(self.telemetry.rates), flows, capacity, time.monotonic() - self.refreshed_at, dict(self.costs.seconds),
                         None if line is None else 1.0 / line[1],
-                        0.0 if line is None else max(0.0, line[0] - self.tiers.upstream.latency_s), None if line is None else line[0])
+                        records_s if line is None else max(records_s, line[0] - self.tiers.upstream.latency_s), None if line is None else line[0])
+
+    @property
+    def records_s(self) -> float:
+        """What a pin of cached chunks costs before it touches one: the store's record reads (a local kv-get over an s3
+        store is one upstream round trip, 85% of its pin's samples, py-spy), as measured, else one GET's first byte."""
+        measured = self.node.chunks.record_s
+        return self.tiers.upstream.latency_s if measured is None else measured
 
     def ingest_line(self) -> tuple[float, float] | None:
         """``(intercept s, slope s/byte)`` of this node's pins' time over their fetched bytes (its landing rate is 1/slope),
-        anchored (until sizes vary) at what a fetch of nothing costs: a pin and one GET's first byte."""
-        return self.ingest.line(self.costs.seconds.get("pin", 0.0) + self.tiers.upstream.latency_s)
+        anchored (until sizes vary) at what a fetch of nothing costs: a pin (its learnt time, else its record reads) and one
+        GET's first byte."""
+        return self.ingest.line(self.costs.seconds.get("pin", self.records_s) + self.tiers.upstream.latency_s)
 
     def nodes(self) -> dict[str, NodeInfo]:
         live = self.node.members.live() if self.node.members is not None else []
@@ -227,6 +249,7 @@ class Estimator:
         return {"answered": self.answered, "measured_bytes_per_s": {k: round(v) for k, v in rates.items()},
                 "upstream_requests_per_s": None if store is None else round(store, 3),
                 "telemetry_age_s": round(time.monotonic() - self.refreshed_at, 3),
+                "record_s": None if (rec := self.node.chunks.record_s) is None else round(rec, 6),
                 "startup_s": {k: round(v, 6) for k, v in self.costs.seconds.items()},
                 "ingest_bytes_per_s": None if (line := self.ingest_line()) is None else round(1.0 / line[1]), "recent": list(self.recent)}
 

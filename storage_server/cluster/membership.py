@@ -122,7 +122,7 @@ class Membership:
 
     async def _read(self, bucket: str, key: str) -> Heartbeat | None:
         try:
-            resp = await self.up.call("get_object", Bucket=bucket, Key=key, resource=f"/{bucket}/{key}")  # type: ignore[union-attr]
+            resp = await self.up.get(bucket, key, resource=f"/{bucket}/{key}")  # type: ignore[union-attr]
             async with resp["Body"] as body:
                 return Heartbeat.decode(await body.read())
         except S3Error as e:

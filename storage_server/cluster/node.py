@@ -30,7 +30,7 @@ class ClusterNode:
         self.chunks = chunks
         self.data = data
         self.kv = kv
-        self.server = PeerServer(self.cfg, chunks, data, kv.nixl_engine if kv is not None else None)
+        self.server = PeerServer(self.cfg, chunks, data, kv.registrations.nixl_engine if kv is not None else None)
         self.me: NodeInfo | None = None
         self.members: Membership | None = None
         self.fetcher: PeerFetcher | None = None

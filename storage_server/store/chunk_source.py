@@ -11,9 +11,9 @@ transfer; :meth:`PinnedChunks.release` unpins.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .cache.tenants import TenantLedger
 from .mapped_files import MappedFiles, MappedSlot
@@ -81,6 +81,12 @@ class ChunkSource(abc.ABC):
     ledger: TenantLedger | None = None  # per-tenant bounds and counts of the chunks this node keeps
 
     @property
+    def record_s(self) -> float | None:
+        """What every pin spends reading records from a remote store before it touches a chunk, as measured (None: not
+        measured yet); the delivery-time oracle's prior for a pin of cached chunks. 0 for a store whose records are local."""
+        return 0.0
+
+    @property
     def mapper(self) -> MappedFiles | None:
         """Where this store maps its chunk files (None: it maps none); the node's decoded copies map theirs there too,
         so raw chunks and copies of one prefix gather from one arena. Closed after the KV service."""
@@ -99,6 +105,22 @@ class ChunkSource(abc.ABC):
     async def pin(self, bucket: str, keys: list[str], pin_for: PinFor | None = None) -> PinnedChunks:
         """Pin every key's chunk for reading, all or none (chunks fetched for it count as ``pin_for.tenant``'s);
         NoSuchKey names the first missing key."""
+
+    async def incarnation(self, bucket: str, ask: Callable[[str], Awaitable[str]]) -> str:
+        """The bucket's current incarnation (NoSuchBucket if there is none); ``ask`` asks the store. A source that can
+        tell when the store's metadata changed remembers the answer until it does."""
+        return await ask(bucket)
+
+    def decode_while_fetching(self, decoder: Callable[..., Any]) -> int:
+        """Hand the store the decoder that makes a compressed chunk's decoded copy while the chunk streams in from
+        elsewhere (a capacity tier's upstream); a store that fetches nothing keeps none. The chunks one pin may decode
+        at once (each holds two descriptors meanwhile: the chunk as written, its copy); 0 here."""
+        return 0
+
+    async def pin_held(self, bucket: str, keys: list[str]) -> PinnedChunks | None:
+        """Pin chunks this node holds, asking nobody (no upstream, no peer, no revalidation); None where this source
+        cannot (then nothing is pinned). For background work on chunks just stored (decoded copies after a kv-put)."""
+        return None
 
     def looked_up(self, tenant: str, found: int, asked: int) -> None:
         """A kv-lookup of ``tenant`` found ``found`` of ``asked`` leading chunks (per-tenant hit counts)."""

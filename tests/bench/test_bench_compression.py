@@ -92,7 +92,10 @@ def test_bench_compression_quick_report(tmp_path):
     for r in default:
         v = r["variants"]
         assert r["decoded_copies_bytes"] > 0 and v["raw"]["byte_exact"] is True and v["raw"]["decoded_copies"] == 0
-        assert v["first"]["decoded_copies"] == 0  # chunks never read before: no copies yet
+        # chunks never read before, their kv-put landed: copied after the put (decode_on_put), read where the node decodes
+        assert v["first"]["decoded_copies"] == (node["chunks"] if v["first"]["site"] == "node" else 0), v["first"]
+        assert all(0 <= n <= node["chunks"] for n in v["put_then_get"]["runs_copies"])  # racing its put's copies
+        assert r["put_then_get_vs_raw"] == round(v["raw"]["ttft_s"] / v["put_then_get"]["ttft_s"], 4)
         assert r["auto_vs_raw"] == round(v["raw"]["ttft_s"] / v["auto"]["ttft_s"], 4)
         assert r["first_vs_raw"] == round(v["raw"]["ttft_s"] / v["first"]["ttft_s"], 4)
     fast = default[-1]["variants"]["auto"]
@@ -101,6 +104,7 @@ def test_bench_compression_quick_report(tmp_path):
     assert result["ttft_speedup_slowest_link"] == default[0]["auto_vs_raw"] and positive(result["ttft_speedup_slowest_link"])
     assert result["ttft_ratio_fastest_link"] == round(1 / default[-1]["auto_vs_raw"], 4)
     assert result["ttft_ratio_fastest_link_first_get"] == round(1 / default[-1]["first_vs_raw"], 4)
+    assert result["ttft_ratio_fastest_link_put_then_get"] == round(1 / default[-1]["put_then_get_vs_raw"], 4)
 
     # Interference: alone, in the engine's process, in the node's; the decoders really decoded.
     modes = [row["mode"] for row in result["interference"]["rows"]]

@@ -17,7 +17,7 @@ from support import REPO
 BENCH = textwrap.dedent("""
     import subprocess, sys
     from concurrent.futures import ThreadPoolExecutor
-    from bench.lifeline import spawn
+    from objectcache.lifeline import spawn
     from bench.upstreams import Moto
     with ThreadPoolExecutor(2) as pool:
         moto = pool.submit(lambda: Moto().start()).result()

@@ -41,3 +41,14 @@ def test_bench_vllm_quick(tmp_path):
     for key in ("ttft_vs_local_hit_max", "speedup_vs_recompute_min"):
         assert result[key] > 0 and math.isfinite(result[key]), key
     assert set(result["transports_skipped"]) == {"http", "rdma"}
+
+
+def test_transports_always_include_the_headline_and_refuse_unknown_names():
+    import argparse
+
+    from bench.vllm import _transports
+
+    assert _transports("http") == "shm,http"  # shm is the headline: always timed, first
+    assert _transports("rdma,shm,http") == "shm,http,rdma"
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown transports \\['tcp'\\]"):
+        _transports("shm,tcp")

@@ -35,9 +35,8 @@ def test_a_merged_load_keeps_the_tightest_budget():
 def test_under_a_budget_the_scheduler_offers_only_the_prefix_the_node_says_lands_in_time():
     from types import SimpleNamespace
 
-    from protocol.kv_http import LoadBudget, LookupReply
-
     from client_sdk.vllm_connector.scheduler import SchedulerSide
+    from protocol.kv_http import LoadBudget, LookupReply
 
     asked: list[tuple[int, LoadBudget | None]] = []
 

@@ -13,10 +13,11 @@ CHUNK = 256 << 20
 
 
 def gateway_pid(serve_pid: int) -> int:
-    """The gateway child of an ``objectcache serve`` process."""
-    for child in Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split():
-        if "gateway" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
-            return int(child)
+    """The gateway child of an ``objectcache serve`` process (forked by one of its threads: ``objectcache.lifeline``)."""
+    for task in Path(f"/proc/{serve_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if "gateway" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                return int(child)
     raise AssertionError("no gateway child found")
 
 

@@ -73,3 +73,28 @@ def test_a_crashed_gateway_is_restarted_on_its_port_and_the_storage_server_runs_
         run(fetch_again())
     finally:
         assert proc.stop() == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_serve_takes_both_processes_with_it(tmp_path):
+    """SIGKILL (an OOM kill, a ``kill -9``) runs no handler in ``serve``: the kernel ends its children instead of
+    leaving them holding the port and the data directory's lock."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", make_tenants("t"))
+    proc = ServerProcess(config).start()
+    children = [child_pid(proc.proc.pid, "gateway"), child_pid(proc.proc.pid, "storage-server")]
+    try:
+        proc.proc.kill()
+        proc.proc.wait(30)
+        wait_for(lambda: not any(_alive(p) for p in children), "serve's children outlived it", timeout_s=60)
+        again = ServerProcess(config).start()  # the data directory is free again
+        assert again.stop() == 0
+    finally:
+        for p in children:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -136,3 +136,13 @@ def test_without_compute_the_stall_is_the_two_stage_pipeline_formula(rate, paylo
     s = payload / layers
     x, d = s / ratio / rate, s / (decode * workers)
     assert modelled_stall(p, CodecRequest(rate, payload, layers, workers)) == pytest.approx(x + d + (layers - 1) * max(x, d), rel=1e-9)
+
+
+def test_decode_while_fetching_only_where_the_decoders_keep_up_with_the_raw_equivalent_arrival_rate():
+    from scheduler.codec_choice import decode_while_fetching
+    assert decode_while_fetching(50e6, 1.45, 0.4e9)  # zstd behind a 50 MB/s upstream: 73 MB/s raw-equivalent
+    assert not decode_while_fetching(150e6, 4.87, 0.15e9)  # int4+zstd unpaced: 730 MB/s raw-equivalent
+    assert decode_while_fetching(100e6, 2.0, 200e6) and not decode_while_fetching(100e6, 2.0, 199e6)  # the boundary
+    assert decode_while_fetching(100e6, 0.5, 100e6)  # a ratio below 1 counts as 1 (never fewer raw bytes than stored)
+    for unknown in (None, 0.0, math.nan):  # no figure yet: decode while fetching (that measures the decoders)
+        assert decode_while_fetching(unknown, 4.0, 1e6) and decode_while_fetching(1e12, 4.0, unknown)

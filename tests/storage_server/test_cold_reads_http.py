@@ -6,7 +6,6 @@ direct), still byte-exact."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np

@@ -26,7 +26,8 @@ def node(tmp_path_factory):
     config = write_config(root / "c.toml", root / "data", people,
                           extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\ndata_listen = "127.0.0.1:0"\n[compression]\nlossy_buckets = ["lossy"]\nbucket_codecs = ["auto:zstd", "lossy:int8"]\n'
                                 '# several pieces per layer through the decode stages, one worker each\n'
-                                'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n')
+                                'piece_bytes = 4096\ndecompress_threads = 1\ndequantise_threads = 1\n'
+                                '# every kv-get here decodes in the node (no copies made after the kv-puts)\ndecode_on_put = false\n')
     proc = ServerProcess(config).start()
     proc.rpc_socket = str(root / "ss.sock")
     s3 = boto_client(proc.endpoint, people[0])

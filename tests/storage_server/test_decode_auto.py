@@ -24,7 +24,8 @@ def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("auto")
     people = make_tenants("alice")
     config = write_config(root / "c.toml", root / "data", people,
-                          extra='\n[bandwidth]\ncapacity_gbps = 0.08\npolicy = "equal"\nburst_layers = 0\n')
+                          extra='\n[bandwidth]\ncapacity_gbps = 0.08\npolicy = "equal"\nburst_layers = 0\n'
+                                '[compression]\ndecode_on_put = false\n')  # the first kv-get measures the node's decoders
     proc = ServerProcess(config).start()
     try:
         boto_client(proc.endpoint, people[0]).create_bucket(Bucket="kvz")

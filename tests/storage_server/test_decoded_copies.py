@@ -24,7 +24,8 @@ def node(tmp_path_factory):
     people = make_tenants("alice")
     config = write_config(root / "c.toml", root / "data", people,
                           extra=f'\n[storage_server]\nsocket = "{root / "ss.sock"}"\n'
-                                f"\n[compression]\ndecoded_copies_bytes = {BUDGET_CHUNKS * LAYOUT.chunk_bytes}\n")
+                                f"\n[compression]\ndecoded_copies_bytes = {BUDGET_CHUNKS * LAYOUT.chunk_bytes}\n"
+                                "decode_on_put = false\n")  # copies after kv-gets only (after kv-puts: test_decode_on_put.py)
     proc = ServerProcess(config).start()
     proc.rpc_socket = str(root / "ss.sock")
     try:

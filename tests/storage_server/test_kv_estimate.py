@@ -160,16 +160,24 @@ def test_every_kv_get_puts_its_predicted_and_measured_times_in_the_metrics(clust
     nodes, people, metrics = cluster
     keys = _warm_on_b(cluster, "est-metrics", 16, seed=5)
     before = scrape(metrics)
-    for _ in range(2):  # from B's cache, then A's own
+    took = []  # each kv-get's bytes per path: the first from B's cache or A's upstream (the path scheduler's choice), then A's own
+    for _ in range(2):
         async def fetch():
             async with client(nodes["a"], people["alice"], "est-metrics") as c:
                 return await c.fetch(keys, LAYOUT, "http", mode="layerwise")
-        payload, _ = run(fetch())
+        payload, stats = run(fetch())
         assert np.array_equal(payload, reference(LAYOUT, make_chunks(LAYOUT, 16, seed=5)))
-    after = scrape(metrics)
+        took.append(stats.server.paths)
+    counted = [(name, phase) for phase in ("first_layer", "total")
+               for name in ("objectcache_oracle_measured_over_predicted_count", "objectcache_oracle_error_seconds_count")]
+
+    def both_recorded():  # the node records a kv-get as its transfer ends, which may come after the engine has its bytes
+        now = scrape(metrics)
+        return now if all(value(now, name, phase=phase) - value(before, name, phase=phase) >= 2 for name, phase in counted) else None
+    after = wait_for(both_recorded, timeout_s=30, what="both kv-gets in the oracle's metrics")
+    for name, phase in counted:
+        assert value(after, name, phase=phase) - value(before, name, phase=phase) == 2, (name, phase)
     for phase in ("first_layer", "total"):
-        for name in ("objectcache_oracle_measured_over_predicted_count", "objectcache_oracle_error_seconds_count"):
-            assert value(after, name, phase=phase) - value(before, name, phase=phase) == 2, (name, phase)
         assert value(after, "objectcache_oracle_measured_over_predicted_sum", phase=phase) > 0
     # The engine link's measured rate reaches the oracle (EWMA at the next refresh).
     def settled():  # every kv-get folded in: two reads a few refreshes apart agree
@@ -178,11 +186,17 @@ def test_every_kv_get_puts_its_predicted_and_measured_times_in_the_metrics(clust
         return first if first and first == status(nodes["a"])["oracle"]["measured_bytes_per_s"] else None
 
     rates = wait_for(settled, what="the measured rates")
-    assert rates.get("a->host-a", 0) > 0 and rates.get("b->a", 0) > 0, rates
+    assert rates.get("a->host-a", 0) > 0, (rates, took)
+    if took[0].get("peer:b", 0) > 0:  # B's link carried the first: its achieved rate is measured too
+        assert rates.get("b->a", 0) > 0, (rates, took)
     # Each kv-get taught its fixed costs: the fetched share that landed last (its source and any fetch's), the pin with
     # nothing to fetch, every delivery.
-    learnt = status(nodes["a"])["oracle"]["startup_s"]
+    oracle = status(nodes["a"])["oracle"]
+    learnt = oracle["startup_s"]
     assert {"fetch", "pin", "deliver"} <= set(learnt) and {"peer:b", "upstream@a"} & set(learnt), learnt
+    # Every request read the bucket's record from the upstream (bucket_record_ttl_s = 0): its measured time is what a
+    # pin of cached chunks costs before it has been learnt.
+    assert oracle["record_s"] is not None and oracle["record_s"] > 0, oracle
     # ... and replaces the configured bandwidth (200 Gbit/s same host) in kv-estimate's inputs while fresh.
     reply = run(_estimate(nodes["a"], people["alice"], "est-metrics", keys, ["host-a"]))
     engine = next(link for link in reply.candidates[0].links if link.name == "a->host-a")

@@ -20,11 +20,20 @@ from inprocess import InProcessNode, LayerGate
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, boto_client, make_tenants, write_config
 
+from client_sdk import kv_get
+from client_sdk.stream import finish_after
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import LoadBudget
 
 N = 8
 BUDGET = 0.3
+
+
+@pytest.fixture
+def node_clock_only(monkeypatch):
+    """The node's cut alone: the client's own guard (it gives up on its clock a moment before the budget, and the
+    node's clock starts later, on arrival) moved out of the way, so what the node did reaches the test."""
+    monkeypatch.setattr(kv_get, "BUDGET_REACTION_S", -60.0)
 
 
 async def _collect(c, keys, layout, expected, transport: str, budget: float) -> tuple[list[int], S3Error | None]:
@@ -52,7 +61,7 @@ async def _settled_status(sock: str, timeout_s: float = 30.0) -> dict:
 
 
 @pytest.mark.parametrize("transport", ["shm", "http"])
-def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits_without_a_budget(tmp_path, transport):
+def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits_without_a_budget(tmp_path, transport, node_clock_only):
     tenant = make_tenants("t")[0]
     sock = tmp_path / "ss.sock"
     layout = tiny_layout(64, num_layers=2)
@@ -98,13 +107,17 @@ def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits
         proc.stop()
 
 
-def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tmp_path):
-    tenant = make_tenants("s")[0]
-    layout = tiny_layout(64, num_layers=4)
+def _gated(tmp_path, name: str):
+    """A 4-layer layout and an in-process node whose transfers a :class:`LayerGate` can hold, with a tenant."""
+    tenant = make_tenants(name)[0]
     config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
         f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ntheta_bytes = 0\n'))
     gate = LayerGate()
-    node = InProcessNode(config, pacers=[gate]).start()
+    return tenant, tiny_layout(64, num_layers=4), gate, InProcessNode(config, pacers=[gate]).start()
+
+
+def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tmp_path, node_clock_only):
+    tenant, layout, gate, node = _gated(tmp_path, "s")
     try:
         boto_client(node.endpoint, tenant).create_bucket(Bucket="stall")
         keys, chunks = keys_for(layout, N, "stall"), make_chunks(layout, N, seed=6)
@@ -133,3 +146,37 @@ def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tm
         assert whole == ([0, 1, 2, 3], None), "without a budget the stalled load completes"
     finally:
         node.stop()
+
+
+def test_the_client_gives_up_on_its_own_clock_while_the_node_is_still_stalled(tmp_path):
+    """The budget is the engine's: a node stalled before layer 1 has not cut the transfer yet (the gate is still
+    held), and the client has already given up with KVLoadBudgetExceeded, so the engine's recompute can begin."""
+    tenant, layout, gate, node = _gated(tmp_path, "g")
+    try:
+        boto_client(node.endpoint, tenant).create_bucket(Bucket="guard")
+        keys, chunks = keys_for(layout, N, "guard"), make_chunks(layout, N, seed=7)
+
+        async def scenario():
+            async with client(node, tenant, "guard") as c:
+                await c.put_chunks(keys, chunks, layout)
+                gate.hold_before(1)
+                got = await _collect(c, keys, layout, reference(layout, chunks), "shm", BUDGET)
+                still_held = not gate.released.is_set()  # the node cannot have cut it: its check for layer 1 passed before the gate
+                gate.open()
+                return got, still_held
+
+        (seen, error), still_held = run(scenario())
+        assert still_held, "the client's error came while the node was still stalled"
+        assert seen in ([], [0]), seen  # layer 0 before the gate (none if the node was slower than the budget)
+        assert error is not None and error.code == ErrorCode.KVLoadBudgetExceeded, error
+        assert f"layer {len(seen)} " in error.message and "this process's clock" in error.message, error.message
+    finally:
+        node.stop()
+
+
+def test_a_load_whose_pace_cannot_finish_in_the_budget_is_given_up_at_once():
+    # Layers landing 10 ms apart from 5 ms on: 8 layers end at 75 ms.
+    assert not finish_after([0.005], 8, 0.05), "one arrival has no pace yet"
+    assert finish_after([0.005, 0.015], 8, 0.05)
+    assert not finish_after([0.005, 0.015], 8, 0.08)
+    assert not finish_after([0.005 + 0.01 * i for i in range(8)], 8, 0.01), "every layer is in: nothing is left to give up"

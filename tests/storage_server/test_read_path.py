@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from storage_server.memory_budget import MemoryBudget
-from storage_server.read_path import MemoryFacts, ReadPath, page_cache_budget, plan_read_path, read_memory_facts, wanted_bytes
+from storage_server.read_path import MemoryFacts, ReadPath, page_cache_budget, plan_read_path, read_ahead_frontier, read_ahead_window, read_memory_facts, wanted_bytes
 
 L, LAYER = 8, 1000  # layers, bytes of one layer of every chunk
 
@@ -90,3 +90,49 @@ def test_two_concurrent_transfers_share_one_budget_and_give_it_back():
             assert budget.free() == 0
         assert budget.free() == 2_000
     assert budget.held == 0 and budget.free() == 10_000
+
+
+def test_a_warm_transfer_wants_nothing_and_reads_no_facts():
+    reads = []
+    budget = MemoryBudget(lambda: reads.append(1) or MemoryFacts(10_000), refresh_s=0)
+    with budget.holding(0) as grant:
+        assert grant == [0]
+    assert reads == [] and budget.held == 0 and budget.grants == 0
+    with budget.holding(4_000) as grant:  # a cold one still asks
+        assert grant == [4_000] and reads
+
+
+# -- the read-ahead window of the page-cache layers (pure) --------------------------
+
+MIB = 1 << 20
+
+
+def test_the_read_ahead_window_is_at_least_its_bytes_and_two_layers_within_the_page_cache_layers():
+    assert read_ahead_window(4 * MIB, 16, 8 * MIB, layerwise=True) == 2  # the bench's 4 MiB layers
+    assert read_ahead_window(3 * MIB, 16, 8 * MIB, layerwise=True) == 3  # rounded up: at least the window's bytes
+    assert read_ahead_window(224 * MIB, 32, 8 * MIB, layerwise=True) == 2  # huge layers: the next one still overlaps
+    assert read_ahead_window(1000, 5, 8 * MIB, layerwise=True) == 5  # tiny layers: all page-cache layers fit
+    assert read_ahead_window(4 * MIB, 1, 8 * MIB, layerwise=True) == 1
+
+
+def test_no_window_asks_every_page_cache_layer_at_once():
+    assert read_ahead_window(4 * MIB, 16, 0, layerwise=True) == 0  # read_ahead_window_bytes = 0: as before the window
+    assert read_ahead_window(4 * MIB, 16, 8 * MIB, layerwise=False) == 0  # chunkwise reads every layer together
+    assert read_ahead_window(4 * MIB, 0, 8 * MIB, layerwise=True) == 0
+    assert [read_ahead_frontier(layer, 6, 0) for layer in range(6)] == [6] * 6
+
+
+def test_layer_0_is_asked_for_alone_then_the_window_moves_with_the_layer_being_read():
+    assert [read_ahead_frontier(layer, 6, 2) for layer in range(6)] == [1, 3, 4, 5, 6, 6]
+    assert [read_ahead_frontier(layer, 6, 3) for layer in range(6)] == [1, 4, 5, 6, 6, 6]
+    assert read_ahead_frontier(0, 0, 2) == 0  # no page-cache layer: nothing asked
+
+
+@pytest.mark.parametrize("n1", [1, 2, 7, 32])
+@pytest.mark.parametrize("window", [1, 2, 5, 40])
+def test_the_frontier_covers_the_layer_being_read_never_passes_n1_and_never_goes_back(n1: int, window: int):
+    frontiers = [read_ahead_frontier(layer, n1, window) for layer in range(n1)]
+    assert frontiers[0] == 1  # nothing queued beside the first layer
+    assert all(f >= layer + 1 for layer, f in enumerate(frontiers))  # a layer's pages are asked for before it is read
+    assert all(f <= n1 for f in frontiers) and frontiers == sorted(frontiers)
+    assert all(f - layer <= max(window, 1) for layer, f in enumerate(frontiers))  # at most the window in flight

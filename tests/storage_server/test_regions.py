@@ -66,7 +66,9 @@ def test_a_tenant_at_its_cap_loses_its_least_recently_used_idle_region(segments)
 
 
 def test_regions_of_a_vanished_client_expire_and_the_sdk_registers_again(tmp_path):
-    with serving(tmp_path, region_idle_s=0.3, housekeeping_s=0.1) as (proc, tenant, sock):
+    # Idle 2 s before it expires: long enough that the status read right after the kv-get still finds the region on a
+    # loaded machine (at 0.3 s it had expired before that read in one CI run), short beside the 10 s wait for expiry.
+    with serving(tmp_path, region_idle_s=2.0, housekeeping_s=0.1) as (proc, tenant, sock):
         boto_client(proc.endpoint, tenant).create_bucket(Bucket="regions")
         layout = tiny_layout(16, num_layers=4)
         keys, chunks = keys_for(layout, 8, "regions"), make_chunks(layout, 8, seed=4)

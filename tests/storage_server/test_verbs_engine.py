@@ -215,7 +215,7 @@ def test_real_device_loopback():
 
 @pytest.mark.skipif(verbs_available()[0], reason="this host has a device: the engine opens")
 def test_the_pyverbs_engine_without_a_device_is_a_clear_501():
-    from storage_server.kv_service import open_pyverbs
+    from storage_server.registrations import open_pyverbs
 
     with pytest.raises(S3Error) as e:
         open_pyverbs("")

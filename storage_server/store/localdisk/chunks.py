@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 
 from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import CHUNK_CONTENT_TYPE
@@ -33,8 +34,8 @@ from ..cache.tenants import TenantLedger, TenantQuotas
 from ..chunk_source import ChunkSource, PinFor, PinnedChunks
 from ..mapped_files import MappedFiles
 from ..object_store import PutSpec
-from .locations import Location, LocationCache
 from ..open_files import MissingFile, OpenFileCache
+from .locations import Location, LocationCache
 from .resolved import Resolved, ResolvedPrefixes
 from .store import LocalDiskStore
 
@@ -70,6 +71,15 @@ class LocalDiskChunkSource(ChunkSource):
         self._trimming: asyncio.Task | None = None
         self.locations = LocationCache(store.index.db_path)
         self.resolved = ResolvedPrefixes(self.files, self._let_go)  # repeated prefixes: pinned in O(1)
+
+    async def incarnation(self, bucket: str, ask: Callable[[str], Awaitable[str]]) -> str:
+        """Remembered while the metadata database is unchanged (any commit by anyone forgets it: ``LocationCache``)."""
+        known = self.locations.incarnation(bucket)
+        if known is None:
+            version = self.locations.seen
+            known = await ask(bucket)
+            self.locations.put_incarnation(bucket, known, version)
+        return known
 
     async def _locate(self, bucket: str, keys: list[str]) -> list[Location | None]:
         """Each key's (file, size), or None: remembered while the metadata is unchanged, else asked of the index."""
@@ -184,6 +194,15 @@ class LocalDiskChunkSource(ChunkSource):
         if self.resolved.add(entry, version):  # the entry holds these pins from now on
             return self.resolved.pinned(entry, functools.partial(self._release_resolved, entry))
         return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, names))
+
+    async def pin_held(self, bucket: str, keys: list[str]) -> PinnedChunks | None:
+        """Every chunk of a local store is held here: an ordinary pin (None if one went meanwhile)."""
+        try:
+            return await self.pin(bucket, keys)
+        except S3Error as e:
+            if e.code == ErrorCode.NoSuchKey:
+                return None
+            raise
 
     def _release_resolved(self, entry: Resolved) -> None:
         """A transfer of a kept prefix ended: its chunks become the most recently used; the entry keeps them pinned."""

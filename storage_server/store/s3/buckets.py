@@ -65,12 +65,16 @@ class BucketRecord:
         return json.dumps({**asdict(self), "lifecycle": rules_to_json(self.lifecycle)}).encode()
 
 
+READ_EWMA = 0.3  # the newest record read's weight in ``read_s``
+
+
 class BucketMarkers:
     def __init__(self, upstream: Upstream, ttl_s: float = 0.0, adoptions: dict[str, str] | None = None) -> None:
         self.up = upstream
         self.ttl_s = ttl_s
         self.adoptions = adoptions or {}  # upstream bucket without a record -> the tenant who may claim it
         self._cache: dict[str, tuple[BucketRecord, float]] = {}
+        self.read_s: float | None = None  # a record read's time, an EWMA (what every request costs at ttl_s = 0)
 
     def _remember(self, name: str, rec: BucketRecord) -> None:
         if self.ttl_s > 0:
@@ -83,13 +87,16 @@ class BucketMarkers:
 
     async def _read_versioned(self, name: str) -> tuple[BucketRecord, str] | None:
         """The marker and its ETag."""
+        t0 = time.perf_counter()
         try:
-            resp = await self.up.call("get_object", Bucket=name, Key=MARKER, missing=ErrorCode.NoSuchKey, resource=f"/{name}")
+            resp = await self.up.get(name, MARKER, missing=ErrorCode.NoSuchKey, resource=f"/{name}")
             data = await resp["Body"].read()
         except S3Error as e:
             if e.code == ErrorCode.NoSuchKey:
                 return None
             raise
+        took = time.perf_counter() - t0
+        self.read_s = took if self.read_s is None else self.read_s + READ_EWMA * (took - self.read_s)
         raw = json.loads(data)
         return BucketRecord(str(raw["owner"]), str(raw["region"]), float(raw["created"]), str(raw["id"]), str(raw.get("acl", "private")),
                             {str(k): str(v) for k, v in (raw.get("tags") or {}).items()}, rules_from_json(raw.get("lifecycle"))), resp["ETag"]

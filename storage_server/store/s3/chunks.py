@@ -37,7 +37,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -53,25 +53,13 @@ from ..object_store import PutSpec
 from ..open_files import MissingFile, OpenFileCache
 from .arrivals import Arrivals, Owed, pinned_with_arrivals
 from .buckets import check_key
+from .chunk_writes import StreamFeed, append_pieces, as_stream, write_each, write_fed
 from .store import S3Store
 from .upstream import body_chunks
 
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
-
-
-async def _once(data: bytes | memoryview) -> AsyncIterator[bytes]:
-    yield bytes(data)
-
-
-def _write(path: Path, pieces: list[bytes]) -> None:
-    with open(path, "ab") as f:
-        for p in pieces:
-            f.write(p)
-
-
-def _write_each(files: list[tuple[Path, bytes]]) -> None:
-    for path, data in files:
-        _write(path, [data])
+WRITE_PIECE = 1 << 20  # a fetched chunk's bytes per write (a thread hop each)
+FED_PIECE = 1 << 18  # ... while a decoder is fed as it streams in (its layers reach the decoders sooner)
 
 
 @dataclass
@@ -115,7 +103,25 @@ class S3ChunkSource(ChunkSource):
         self.fetched = 0
         self.arrived = self.arrived_cached = 0  # chunks peers sent straight into kv-gets' memory; those cached after
         self.second: SecondSource | None = None
+        # Set by the KV service where decoded copies are kept: a decoder fed as each fetched chunk streams in
+        # (storage_server.stream_decode; key, tenant, size -> None for no decode), so decode overlaps the upstream link.
+        self.stream_decoder: Callable[[str, str, int, float | None], StreamFeed | None] | None = None
+        # Encoded bytes/s arriving from the upstream, all fetches together: bytes over the wall time at least one fetch
+        # was receiving, averaged over recent such periods; None before the first.
+        self.upstream_bytes_per_s: float | None = None
+        self._fetching, self._period_bytes, self._period_start = 0, 0, 0.0
         store.listeners.append(self._invalidate)
+
+    def decode_while_fetching(self, decoder: Callable[[str, str, int, float | None], StreamFeed | None]) -> int:
+        self.stream_decoder = decoder
+        return self.concurrency  # a pin's fetches at once (pin's gate): each may be decoding
+
+    @property
+    def record_s(self) -> float | None:
+        """What every pin spends before it touches a chunk: a read of the bucket's record (its owner and incarnation)
+        from the upstream, on each request unless ``store.s3.bucket_record_ttl_s`` lets a process reuse it (0 then);
+        measured, None until the first read."""
+        return 0.0 if self.store.buckets.ttl_s > 0 else self.store.buckets.read_s
 
     async def _ids(self, bucket: str, keys: list[str]) -> list[str]:
         """The cache ids of ``keys``; every KV path (put, lookup, pin) passes here, so here ObjectCache's own
@@ -167,7 +173,7 @@ class S3ChunkSource(ChunkSource):
 
         async def one(key: str, data: memoryview) -> str:
             async with gate:
-                return (await self.store.put_object(bucket, key, _once(data), CHUNK_SPEC, owner)).etag
+                return (await self.store.put_object(bucket, key, as_stream(data), CHUNK_SPEC, owner)).etag
 
         etags = await asyncio.gather(*(one(k, d) for k, d in items))
         for i in reversed(range(len(items))):  # the head written last is the newest
@@ -175,7 +181,7 @@ class S3ChunkSource(ChunkSource):
             if self.files.size(cid) is None and self.files.reserve(len(data), owner):
                 tmp = self.files.new_tmp()
                 try:
-                    await asyncio.get_running_loop().run_in_executor(None, _write, tmp, [bytes(data)])
+                    await asyncio.get_running_loop().run_in_executor(None, append_pieces, tmp, [bytes(data)])
                 except BaseException:
                     self.files.unreserve(len(data))
                     tmp.unlink(missing_ok=True)
@@ -238,7 +244,7 @@ class S3ChunkSource(ChunkSource):
         room = [self.files.reserve(len(data), tenant) for _, data, _ in chunks]
         kept = [(c, self.files.new_tmp()) for c, ok in zip(chunks, room) if ok]
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _write_each, [(tmp, data) for (_, data, _), tmp in kept])
+            await asyncio.get_running_loop().run_in_executor(None, write_each, [(tmp, data) for (_, data, _), tmp in kept])
         except BaseException:
             for (_, data, _), tmp in kept:
                 self.files.unreserve(len(data))
@@ -256,7 +262,7 @@ class S3ChunkSource(ChunkSource):
 
     async def _fetch(self, bucket: str, key: str, cid: str, tenant: str = "") -> None:
         resource = f"/{bucket}/{key}"
-        resp = await self.up.call("get_object", Bucket=bucket, Key=key, resource=resource)
+        resp = await self.up.get(bucket, key, resource=resource)
         body = resp["Body"]
         size = int(resp["ContentLength"])
         etag = str(resp.get("ETag", ""))
@@ -265,20 +271,49 @@ class S3ChunkSource(ChunkSource):
             raise S3Error(ErrorCode.ServiceUnavailable, "The chunk cache is full of chunks other transfers hold "
                           f"(cache.max_bytes = {self.files.max_bytes}); retry.", resource)
         tmp = self.files.new_tmp()
+        feed = self.stream_decoder(key, tenant, size, self.upstream_bytes_per_s) if self.stream_decoder is not None else None
+        self._receiving(+1)
         try:
             loop = asyncio.get_running_loop()
             tmp.touch()
-            async for piece in body_chunks(body, 1 << 20, resource):
-                await loop.run_in_executor(None, _write, tmp, [piece])
+            written, held, held_bytes = 0, [], 0
+            try:
+                # A chunk decoding as it streams in reaches its decoders every FED_PIECE bytes (256 KiB); others are written a WRITE_PIECE at a time
+                async for piece in body_chunks(body, FED_PIECE if feed is not None else WRITE_PIECE, resource):
+                    written += len(piece)
+                    self._period_bytes += len(piece)
+                    held.append(piece)
+                    held_bytes += len(piece)
+                    if held_bytes >= (FED_PIECE if feed is not None and not feed.off else WRITE_PIECE):
+                        await loop.run_in_executor(None, write_fed, tmp, held, feed, written)
+                        held, held_bytes = [], 0
+                if held:
+                    await loop.run_in_executor(None, write_fed, tmp, held, feed, written)
+            finally:
+                self._receiving(-1)
             if tmp.stat().st_size != size:
                 raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store sent a short chunk; retry.", resource)
         except BaseException:
             body.close()
             self.files.unreserve(size)
             tmp.unlink(missing_ok=True)
+            if feed is not None:
+                feed.abandon()
             raise
-        self.files.commit(cid, tmp, size, etag, tenant=tenant)
+        path = self.files.commit(cid, tmp, size, etag, tenant=tenant)
         self.fetched += 1
+        if feed is not None:  # the layers not decoded yet, and the copy kept for this very file (before the pin returns)
+            await loop.run_in_executor(None, feed.finish, path)
+
+    def _receiving(self, delta: int) -> None:
+        """A fetch starts (+1) or stops (-1) receiving; a period with any receiving ends: its rate joins the average."""
+        now = time.monotonic()
+        if self._fetching == 0 and delta > 0:
+            self._period_bytes, self._period_start = 0, now
+        self._fetching += delta
+        if self._fetching == 0 and (took := now - self._period_start) > 0 and self._period_bytes >= 1 << 16:
+            rate = self._period_bytes / took
+            self.upstream_bytes_per_s = rate if self.upstream_bytes_per_s is None else 0.7 * self.upstream_bytes_per_s + 0.3 * rate
 
     async def _revalidate(self, bucket: str, keys: list[str], cids: list[str]) -> None:
         """Check cached copies not confirmed within ``revalidate_after_s`` against the upstream (a HEAD each, its ETag);
@@ -292,12 +327,7 @@ class S3ChunkSource(ChunkSource):
 
         async def one(key: str, cid: str) -> None:
             async with gate:
-                try:
-                    etag = str((await self.up.call("head_object", Bucket=bucket, Key=key, resource=f"/{bucket}/{key}")).get("ETag", ""))
-                except S3Error as e:
-                    if e.code not in (ErrorCode.NoSuchKey, ErrorCode.NoSuchBucket):
-                        raise
-                    etag = ""
+                etag = await self.up.etag(bucket, key, f"/{bucket}/{key}") or ""
             self.revalidated += 1
             if etag and version_tag(etag) == self.files.version(cid):
                 self.files.confirmed[cid] = time.monotonic()
@@ -402,6 +432,7 @@ class S3ChunkSource(ChunkSource):
         return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated,
                                                         "arrived": self.arrived, "arrived_cached": self.arrived_cached},
                 "open_file_cache": self.open.status(),
+                "upstream_gets": {"lean": self.up.lean.served, "declined": self.up.lean.declined} if self.up.lean else {},
                 "cache_tenants": self.tenant_status()}
 
     def tenant_status(self) -> dict[str, dict[str, int]]:

@@ -12,10 +12,11 @@ not the tenant's, so they are 500s with a message that says so rather than Acces
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -24,6 +25,10 @@ from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from protocol.config import S3StoreConfig
 from protocol.errors import ErrorCode, S3Error
+
+from .lean_get import ABSENT, RETRY, LeanGets
+
+T = TypeVar("T")
 
 # Codes that describe ObjectCache's own standing at the upstream, never the tenant's request.
 _OURS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestTimeTooSkewed", "AuthorizationHeaderMalformed"}
@@ -97,21 +102,32 @@ class Upstream:
         self._ctx: Any = None
         self._client: Any = None
         self._lock = asyncio.Lock()
+        self.lean = LeanGets(cfg) if LeanGets.usable(cfg) else None
+        self._retries: tuple[Any, Any] | None = None
 
     async def client(self) -> Any:
         if self._client is None:
             async with self._lock:
                 if self._client is None:
-                    self._ctx = get_session().create_client("s3", **self._client_args())
+                    self._ctx = get_session().create_client("s3", **self._client_args(self.cfg.max_attempts))
                     self._client = await self._ctx.__aenter__()
         return self._client
 
-    def _client_args(self) -> dict[str, Any]:
+    async def _retry_client(self) -> Any:
+        """A client with one attempt fewer, for a GET whose first attempt was a lean one (made on first use)."""
+        if self._retries is None:
+            async with self._lock:
+                if self._retries is None:
+                    ctx = get_session().create_client("s3", **self._client_args(self.cfg.max_attempts - 1))
+                    self._retries = (ctx, await ctx.__aenter__())
+        return self._retries[1]
+
+    def _client_args(self, attempts: int) -> dict[str, Any]:
         cfg = self.cfg
         config = AioConfig(
             max_pool_connections=cfg.max_connections,
             # botocore's "max_attempts" counts retries (one more request in all); the setting means attempts.
-            retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
+            retries={"mode": "standard", "total_max_attempts": attempts},
             connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.read_timeout_s,
             # A private endpoint (MinIO, SeaweedFS, Ceph) is addressed by path; AWS by host name.
             s3={"addressing_style": "path" if cfg.endpoint_url else "auto"},
@@ -124,9 +140,10 @@ class Upstream:
             args |= {"aws_access_key_id": cfg.access_key, "aws_secret_access_key": cfg.secret_key}
         return args
 
-    async def call(self, op: str, *, missing: ErrorCode = ErrorCode.NoSuchKey, resource: str = "", **kwargs: Any) -> dict[str, Any]:
+    async def call(self, op: str, *, missing: ErrorCode = ErrorCode.NoSuchKey, resource: str = "", client: Any = None,
+                   **kwargs: Any) -> dict[str, Any]:
         """One upstream operation (``op`` is the botocore method name) with errors translated."""
-        client = await self.client()
+        client = client or await self.client()
         timed = op in ("get_object", "head_object")
         if timed:
             self.requests.begin()
@@ -142,15 +159,57 @@ class Upstream:
             if timed:
                 self.requests.end()
 
-    async def exists(self, bucket: str, key: str) -> bool:
-        """Whether ``key`` is stored (a HEAD; a missing bucket reads as absent)."""
+    async def get(self, bucket: str, key: str, *, missing: ErrorCode = ErrorCode.NoSuchKey, resource: str = "") -> dict[str, Any]:
+        """A whole object: ``{"Body", "ContentLength", "ETag"}`` (the body streams). Past botocore's per-request pipeline
+        where it can (:mod:`.lean_get`); any answer but a plain 200 is asked again through :meth:`call`."""
+        if self.lean is not None:
+            got = await self._timed(self.lean.get(bucket, key))
+            if isinstance(got, dict):
+                return got
+            if got is RETRY:
+                return await self.call("get_object", Bucket=bucket, Key=key, missing=missing, resource=resource,
+                                       client=await self._after_first_attempt(resource))
+        return await self.call("get_object", Bucket=bucket, Key=key, missing=missing, resource=resource)
+
+    async def etag(self, bucket: str, key: str, resource: str = "") -> str | None:
+        """``key``'s ETag (a HEAD), None where it is not stored (a missing bucket reads as absent)."""
+        if self.lean is not None:
+            got = await self._timed(self.lean.head(bucket, key))
+            if isinstance(got, str):
+                return got
+            if got is ABSENT:
+                return None
+            if got is RETRY:
+                return await self._head(bucket, key, resource, await self._after_first_attempt(resource))
+        return await self._head(bucket, key, resource)
+
+    async def _timed(self, request: Awaitable[T]) -> T:
+        """A lean request, counted in the store's request rate as botocore's GETs and HEADs are (to the first byte)."""
+        self.requests.begin()
         try:
-            await self.call("head_object", Bucket=bucket, Key=key)
+            return await request
+        finally:
+            self.requests.end()
+
+    async def _head(self, bucket: str, key: str, resource: str, client: Any = None) -> str | None:
+        try:
+            return str((await self.call("head_object", Bucket=bucket, Key=key, resource=resource, client=client)).get("ETag", ""))
         except S3Error as e:
             if e.code in (ErrorCode.NoSuchKey, ErrorCode.NoSuchBucket):
-                return False
+                return None
             raise
-        return True
+
+    async def exists(self, bucket: str, key: str) -> bool:
+        """Whether ``key`` is stored (a HEAD; a missing bucket reads as absent)."""
+        return await self.etag(bucket, key) is not None
+
+    async def _after_first_attempt(self, resource: str) -> Any:
+        """The client for a request whose first attempt (a lean one) botocore would retry: one attempt fewer, after the
+        wait botocore's standard mode makes before its second; a 503 if that was the only attempt allowed."""
+        if self.cfg.max_attempts <= 1:
+            raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store is unavailable; retry.", resource)
+        await asyncio.sleep(random.random())
+        return await self._retry_client()
 
     async def bucket_exists(self, bucket: str) -> bool:
         """Whether the upstream has a bucket of this name, ours or anyone's (a 403 is someone else's bucket)."""
@@ -169,6 +228,11 @@ class Upstream:
         return True
 
     async def close(self) -> None:
+        if self.lean is not None:
+            await self.lean.close()
+        retries, self._retries = self._retries, None
+        if retries is not None:
+            await retries[0].__aexit__(None, None, None)
         ctx, self._ctx, self._client = self._ctx, None, None
         if ctx is not None:
             await ctx.__aexit__(None, None, None)

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from storage_server.store.open_files import OpenFileCache
 from storage_server.store.mapped_files import PAGE, MappedFiles, MappedSlot
+from storage_server.store.open_files import OpenFileCache
 
 
 def mapped_bytes(slot: MappedSlot, size: int) -> bytes:

@@ -1,6 +1,7 @@
-"""Child processes whose lives are tied to the benchmark's: when the benchmark dies (a timeout's SIGKILL included,
-where no ``finally`` or ``atexit`` runs) each child gets SIGTERM from the kernel, so no ``objectcache serve``, moto
-or SeaweedFS is left running, holding ports and temporary directories.
+"""Child processes whose lives are tied to their parent's: when the parent dies (a SIGKILL included, where no
+``finally`` or ``atexit`` runs) each child gets SIGTERM from the kernel, so no gateway or storage server outlives
+``objectcache serve``, and no ``objectcache serve``, moto or SeaweedFS outlives a benchmark, holding ports, the data
+directory and temporary directories.
 
 Linux's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child ends, not the process: benchmarks start
 servers from pool threads that come and go (``bench compression-capacity`` starts its two nodes from a
@@ -28,12 +29,12 @@ if sys.platform.startswith("linux"):
         _prctl = None
 
 # One thread forks every child and never ends before the process does (its pool is never shut down).
-_forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-forker")
+_forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifeline-forker")
 
 
 def _die_with(parent: int) -> None:
-    """In the child, before exec: SIGTERM when the forking thread (so the benchmark) ends; if the benchmark already
-    ended before this ran, end now."""
+    """In the child, before exec: SIGTERM when the forking thread (so the parent) ends; if the parent already ended
+    before this ran, end now."""
     if _prctl is not None and _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0 and os.getppid() != parent:
         os._exit(1)
 
