@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
@@ -244,8 +245,8 @@ class PeerFetcher:
                       pin_for: PinFor, cache: S3ChunkSource, filled: Filled, fill: bool = False, flow: Flow | None = None) -> bool:
         """Chunks ``[lo, hi)`` from ``peer`` into the cache; False when the stream failed before delivering them all."""
         path = f"peer:{peer.node_id}"
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.perf_counter()  # loop.time() is uvloop's per-iteration clock (1 ms steps): a fast stream's
+        # chunks would all land "at once" and its rate would never be sampled
 
         async def land(batch: list[tuple[int, bytes, str]]) -> None:
             mine = [(i, data, version) for i, data, version in batch
@@ -289,7 +290,7 @@ class PeerFetcher:
             landed += len(data)
             t.inflight[peer.node_id] -= len(data)
             if flow is not None:
-                flow.landed(loop.time(), len(data))
+                flow.landed(time.perf_counter(), len(data))
             if arrivals is not None and arrivals.holds(filled.rows[index], data):
                 if not have[index]:
                     have[index] = True
@@ -321,7 +322,7 @@ class PeerFetcher:
                 ok = False
             elif isinstance(err, BaseException):
                 raise err
-        self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + loop.time() - started
+        self.tally.seconds[peer.node_id] = self.tally.seconds.get(peer.node_id, 0.0) + time.perf_counter() - started
         return ok
 
     async def direct_grant(self, tenant: str, bucket: str, request_id: str, descriptor: bytes) -> dict | None:
