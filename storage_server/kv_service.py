@@ -143,9 +143,18 @@ class KVService:
         copy_fds = self.copies is not None and self.copies.holds_any
         files = distinct if distinct is not None else len(set(d.chunk_keys))
         async with self.fds.hold(files, (FDS_PER_FILE if direct else 1) + copy_fds, min(self.stream_fds, 2 * files)):
-            return await self._get(call, d, arrived, copy_fds)
+            last = await self._get(call, d, arrived, copy_fds)
+        # The end (or error) frame goes out last: a client that has it sees the kv-get counted and recorded, its chunks
+        # unpinned and its descriptors given back.
+        if last is not None:
+            try:
+                await last
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                log.info("client of %s went away before its end frame", call.request.fields.get("request_id", ""))
+        return None
 
-    async def _get(self, call: RpcCall, d: Descriptor, arrived: float, copy_fds: bool = False) -> Reply:
+    async def _get(self, call: RpcCall, d: Descriptor, arrived: float, copy_fds: bool = False) -> Awaitable[None] | None:
+        """Run one kv-get; the frame that ends it, not sent yet (None where nothing is left to send)."""
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s,
@@ -153,7 +162,7 @@ class KVService:
         slot = next(self._transfers)
         snapshot = self.forecaster.snapshot(request_id) if self.forecaster is not None else None
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
-        pinned, extra_fds = None, 0
+        pinned, extra_fds, last = None, 0, None
         try:
             if self.delegate is not None and await self._delegated(call, d, transport, frames, slot, arrived):
                 return None
@@ -188,21 +197,21 @@ class KVService:
                 if via := call.request.fields.get("via"):  # served on a peer's behalf: this node's cache is that node's peer path
                     stats.paths = {f"peer:{via}" if path == "local" else path: n for path, n in stats.paths.items()}
                 stats.failovers = pinned.failovers
-                await frames.end(stats.to_json())
+                last = frames.end(stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes
                 outcome = "ok"
             except S3Error as e:
                 outcome = "error"
-                await frames.error(e.to_dict())
+                last = frames.error(e.to_dict())
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
                 outcome = "client_gone"
                 log.info("client of %s went away; transfer stopped", request_id)
             except Exception as e:
                 log.exception("transfer %s failed", request_id)
-                await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+                last = frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
             self._ended(info, outcome, stats)
-            return None
+            return last
         finally:
             self.active.pop(slot, None)
             self._tasks.pop(slot, None)

@@ -171,10 +171,7 @@ def test_every_kv_get_puts_its_predicted_and_measured_times_in_the_metrics(clust
     counted = [(name, phase) for phase in ("first_layer", "total")
                for name in ("objectcache_oracle_measured_over_predicted_count", "objectcache_oracle_error_seconds_count")]
 
-    def both_recorded():  # the node records a kv-get as its transfer ends, which may come after the engine has its bytes
-        now = scrape(metrics)
-        return now if all(value(now, name, phase=phase) - value(before, name, phase=phase) >= 2 for name, phase in counted) else None
-    after = wait_for(both_recorded, timeout_s=30, what="both kv-gets in the oracle's metrics")
+    after = scrape(metrics)  # the node records a kv-get before its end frame: the engine holding its bytes sees it
     for name, phase in counted:
         assert value(after, name, phase=phase) - value(before, name, phase=phase) == 2, (name, phase)
     for phase in ("first_layer", "total"):
