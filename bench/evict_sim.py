@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +91,7 @@ class BeladyPolicy(PinCounts):
         self.used += size
         heapq.heappush(self._heap, (-self._next.get(key, NEVER), -self._depth.get(key, 0), key))
 
-    def touch_chain(self, keys: Iterable[str]) -> None:
+    def touch_chain(self, keys: Iterable[str], fresh: Collection[str] = ()) -> None:
         pass
 
     @property

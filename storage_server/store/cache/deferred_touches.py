@@ -12,7 +12,7 @@ between two decisions count as one, which is what recency can tell apart anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from .policy import EvictionPolicy
 
@@ -22,20 +22,21 @@ class DeferredTouches:
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
-        self._pending: dict[int, Iterable[str]] = {}  # id(keys) -> keys (held, so the id is not reused meanwhile)
+        # id(keys) -> (keys, fresh) (the keys held, so the id is not reused meanwhile)
+        self._pending: dict[int, tuple[Iterable[str], Collection[str]]] = {}
 
-    def touch_chain(self, keys: Iterable[str]) -> None:
+    def touch_chain(self, keys: Iterable[str], fresh: Collection[str] = ()) -> None:
         if not isinstance(keys, (list, tuple)):
             keys = list(keys)  # an iterator is read now, while what it walks is as the caller meant
         self._pending.pop(id(keys), None)
-        self._pending[id(keys)] = keys
+        self._pending[id(keys)] = (keys, fresh)
 
     def flush(self) -> None:
         """Apply the queued touches, oldest first."""
         while self._pending:
             pending, self._pending = self._pending, {}
-            for keys in pending.values():
-                self.policy.touch_chain(keys)
+            for keys, fresh in pending.values():
+                self.policy.touch_chain(keys, fresh)
 
     # What depends on recency: the queue is applied first.
     def add(self, key: str, size: int, parent: str | None = None, tenant: str = "") -> None:

@@ -10,7 +10,7 @@ eviction eats prefixes from the back. Pinned chunks (held by a transfer) are ski
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from .pins import PinCounts
 
@@ -52,8 +52,9 @@ class LruPolicy(PinCounts):
     def tenant_of(self, key: str) -> str:
         return self._tenants.get(key, "")
 
-    def touch_chain(self, keys: Iterable[str]) -> None:
-        """``keys`` in prefix order were used together: the head becomes the newest, the tail the oldest of them."""
+    def touch_chain(self, keys: Iterable[str], fresh: Collection[str] = ()) -> None:
+        """``keys`` in prefix order were used together: the head becomes the newest, the tail the oldest of them
+        (fresh ones too: recency does not tell a first use from a reuse)."""
         for key in reversed(list(keys)):
             if key in self._sizes:
                 self._sizes.move_to_end(key)

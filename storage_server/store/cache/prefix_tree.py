@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -166,14 +166,16 @@ class PrefixTreePolicy(PinCounts):
         node = self._nodes.get(key)
         return "" if node is None else node.tenant
 
-    def touch_chain(self, keys: Iterable[str]) -> None:
-        """``keys`` in prefix order served one request: each cached one gains a hit (and learns its parent)."""
+    def touch_chain(self, keys: Iterable[str], fresh: Collection[str] = ()) -> None:
+        """``keys`` in prefix order served one request: each cached one learns its parent, and gains a hit unless the
+        request itself just brought it in (``fresh``)."""
         prev: str | None = None
         for key in keys:
             node = self._nodes.get(key)
             if node is not None:
                 self._link(key, node, prev)
-                node.hits += 1
+                if key not in fresh:
+                    node.hits += 1
                 self._reprice(key, node)
             prev = key
 

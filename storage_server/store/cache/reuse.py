@@ -123,10 +123,10 @@ class ReusePolicy(PrefixTreePolicy):
             self._last[key] = self.clock
             parent = key
 
-    def touch_chain(self, keys) -> None:  # type: ignore[no-untyped-def]
+    def touch_chain(self, keys, fresh=()) -> None:  # type: ignore[no-untyped-def]
         keys = list(keys)
         for key in keys:
-            if key in self._nodes:
+            if key in self._nodes and key not in fresh:  # a fresh key's first use is its class's entry, not a reuse
                 age = self.clock - self._last.get(key, self.clock)
                 self.hit_age = age if self.hit_age is None else self.hit_age + HIT_AGE_WEIGHT * (age - self.hit_age)
                 self._last[key] = self.clock
@@ -134,7 +134,7 @@ class ReusePolicy(PrefixTreePolicy):
                 self._count(kind, 1)
                 hits = int(kind[1]) + 1 if kind is not None and kind[0] == "hit" else 1
                 self._kind[key] = ("hit", str(min(hits, 3)))
-        super().touch_chain(keys)
+        super().touch_chain(keys, fresh)
 
     def remove(self, key: str) -> int:
         self._last.pop(key, None)

@@ -203,8 +203,7 @@ class S3ChunkSource(ChunkSource):
             await asyncio.wait([inflight])
         done = self._inflight[cid] = asyncio.get_running_loop().create_future()
         try:
-            await self._fetch(bucket, key, cid, tenant)
-            self.files.policy.pin([cid])
+            await self._fetch(bucket, key, cid, tenant)  # pinned from its commit on
         finally:
             del self._inflight[cid]
             done.set_result(None)
@@ -261,6 +260,7 @@ class S3ChunkSource(ChunkSource):
         return cid, self.files.size(cid)
 
     async def _fetch(self, bucket: str, key: str, cid: str, tenant: str = "") -> None:
+        """``key`` from the upstream into the cache as ``cid``, committed pinned (the caller's pin)."""
         resource = f"/{bucket}/{key}"
         resp = await self.up.get(bucket, key, resource=resource)
         body = resp["Body"]
@@ -301,9 +301,16 @@ class S3ChunkSource(ChunkSource):
                 feed.abandon()
             raise
         path = self.files.commit(cid, tmp, size, etag, tenant=tenant)
+        # Pinned as it is committed: while the decoder finishes on a thread below, another kv-get's reservation could
+        # otherwise evict the chunk this one is about to read (it then failed with NoSuchKey).
+        self.files.policy.pin([cid])
         self.fetched += 1
         if feed is not None:  # the layers not decoded yet, and the copy kept for this very file (before the pin returns)
-            await loop.run_in_executor(None, feed.finish, path)
+            try:
+                await loop.run_in_executor(None, feed.finish, path)
+            except BaseException:
+                self.files.policy.unpin([cid])
+                raise
 
     def _receiving(self, delta: int) -> None:
         """A fetch starts (+1) or stops (-1) receiving; a period with any receiving ends: its rate joins the average."""
@@ -380,7 +387,10 @@ class S3ChunkSource(ChunkSource):
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
-            self.files.policy.touch_chain(cids)
+            # The whole chain is used; those this kv-get brought in itself are its misses, not reuses (a policy counting
+            # them as hits learnt that every fetched chunk is reused at once).
+            brought = set(upstream) | set(filled.pinned) | {cids[r] for r in (filled.arrivals.landed if filled.arrivals else ())}
+            self.files.policy.touch_chain(cids, brought)
             in_memory = filled.arrivals.landed if filled.arrivals else {}
             on_disk = [j for j in range(len(keys)) if j not in in_memory]
             sizes = [self.files.size(c) if j not in in_memory else filled.arrivals.row_bytes for j, c in enumerate(cids)]  # type: ignore[union-attr]

@@ -69,3 +69,20 @@ def test_the_odds_move_a_chunk_by_the_age_at_which_chunks_are_hit():
     assert e_folds > 1
     assert behind == pytest.approx(HORIZON * policy.hit_age * e_folds)
     assert behind < HORIZON * len(policy) * e_folds / 4  # the cache's size as the horizon would age it 4× as far
+
+
+def test_a_chunk_fetched_for_the_request_that_touches_it_is_not_counted_as_reused():
+    """The capacity tier fetches a kv-get's misses, then touches the whole chain: the fetched ones (``fresh``) are that
+    request's first use. Counted as hits, every fetched chunk taught its class "reused at once"."""
+    policy = ReusePolicy()
+    for i in range(40):  # chunks fetched for one kv-get, touched by it, never asked for again
+        policy.add(f"f{i}", 1)
+        policy.touch_chain([f"f{i}"], fresh={f"f{i}"})
+        policy.remove(f"f{i}")
+    assert policy.odds(("new", "head", "", "body")) < 0.1
+    counted = ReusePolicy()  # the same, without saying which were fresh: the class looks always reused
+    for i in range(40):
+        counted.add(f"f{i}", 1)
+        counted.touch_chain([f"f{i}"])
+        counted.remove(f"f{i}")
+    assert counted.odds(("new", "head", "", "body")) > 0.9
