@@ -53,13 +53,11 @@ from ..object_store import PutSpec
 from ..open_files import MissingFile, OpenFileCache
 from .arrivals import Arrivals, Owed, pinned_with_arrivals
 from .buckets import check_key
-from .chunk_writes import StreamFeed, append_pieces, as_stream, write_each, write_fed
+from .chunk_writes import StreamFeed, append_pieces, as_stream, write_each
 from .store import S3Store
-from .upstream import body_chunks
+from .upstream_fetch import UpstreamFetches
 
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
-WRITE_PIECE = 1 << 20  # a fetched chunk's bytes per write (a thread hop each)
-FED_PIECE = 1 << 18  # ... while a decoder is fed as it streams in (its layers reach the decoders sooner)
 
 
 @dataclass
@@ -100,20 +98,13 @@ class S3ChunkSource(ChunkSource):
         self._bucket_ids: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._stale_claims: set[str] = set()  # claimed (being fetched) chunks deleted or overwritten meanwhile
-        self.fetched = 0
         self.arrived = self.arrived_cached = 0  # chunks peers sent straight into kv-gets' memory; those cached after
         self.second: SecondSource | None = None
-        # Set by the KV service where decoded copies are kept: a decoder fed as each fetched chunk streams in
-        # (storage_server.stream_decode; key, tenant, size -> None for no decode), so decode overlaps the upstream link.
-        self.stream_decoder: Callable[[str, str, int, float | None], StreamFeed | None] | None = None
-        # Encoded bytes/s arriving from the upstream, all fetches together: bytes over the wall time at least one fetch
-        # was receiving, averaged over recent such periods; None before the first.
-        self.upstream_bytes_per_s: float | None = None
-        self._fetching, self._period_bytes, self._period_start = 0, 0, 0.0
+        self.fetches = UpstreamFetches(self.up, self.files)  # one GET per missing chunk, into the cache
         store.listeners.append(self._invalidate)
 
     def decode_while_fetching(self, decoder: Callable[[str, str, int, float | None], StreamFeed | None]) -> int:
-        self.stream_decoder = decoder
+        self.fetches.stream_decoder = decoder
         return self.concurrency  # a pin's fetches at once (pin's gate): each may be decoding
 
     @property
@@ -203,7 +194,7 @@ class S3ChunkSource(ChunkSource):
             await asyncio.wait([inflight])
         done = self._inflight[cid] = asyncio.get_running_loop().create_future()
         try:
-            await self._fetch(bucket, key, cid, tenant)  # pinned from its commit on
+            await self.fetches.fetch(bucket, key, cid, tenant)  # pinned from its commit on
         finally:
             del self._inflight[cid]
             done.set_result(None)
@@ -258,69 +249,6 @@ class S3ChunkSource(ChunkSource):
         """The chunk id of (bucket incarnation, key) and its cached size (None: not in the cache)."""
         cid = chunk_id(bucket_id, key)
         return cid, self.files.size(cid)
-
-    async def _fetch(self, bucket: str, key: str, cid: str, tenant: str = "") -> None:
-        """``key`` from the upstream into the cache as ``cid``, committed pinned (the caller's pin)."""
-        resource = f"/{bucket}/{key}"
-        resp = await self.up.get(bucket, key, resource=resource)
-        body = resp["Body"]
-        size = int(resp["ContentLength"])
-        etag = str(resp.get("ETag", ""))
-        if not self.files.reserve(size, tenant):
-            body.close()
-            raise S3Error(ErrorCode.ServiceUnavailable, "The chunk cache is full of chunks other transfers hold "
-                          f"(cache.max_bytes = {self.files.max_bytes}); retry.", resource)
-        tmp = self.files.new_tmp()
-        feed = self.stream_decoder(key, tenant, size, self.upstream_bytes_per_s) if self.stream_decoder is not None else None
-        self._receiving(+1)
-        try:
-            loop = asyncio.get_running_loop()
-            tmp.touch()
-            written, held, held_bytes = 0, [], 0
-            try:
-                # A chunk decoding as it streams in reaches its decoders every FED_PIECE bytes (256 KiB); others are written a WRITE_PIECE at a time
-                async for piece in body_chunks(body, FED_PIECE if feed is not None else WRITE_PIECE, resource):
-                    written += len(piece)
-                    self._period_bytes += len(piece)
-                    held.append(piece)
-                    held_bytes += len(piece)
-                    if held_bytes >= (FED_PIECE if feed is not None and not feed.off else WRITE_PIECE):
-                        await loop.run_in_executor(None, write_fed, tmp, held, feed, written)
-                        held, held_bytes = [], 0
-                if held:
-                    await loop.run_in_executor(None, write_fed, tmp, held, feed, written)
-            finally:
-                self._receiving(-1)
-            if tmp.stat().st_size != size:
-                raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store sent a short chunk; retry.", resource)
-        except BaseException:
-            body.close()
-            self.files.unreserve(size)
-            tmp.unlink(missing_ok=True)
-            if feed is not None:
-                feed.abandon()
-            raise
-        path = self.files.commit(cid, tmp, size, etag, tenant=tenant)
-        # Pinned as it is committed: while the decoder finishes on a thread below, another kv-get's reservation could
-        # otherwise evict the chunk this one is about to read (it then failed with NoSuchKey).
-        self.files.policy.pin([cid])
-        self.fetched += 1
-        if feed is not None:  # the layers not decoded yet, and the copy kept for this very file (before the pin returns)
-            try:
-                await loop.run_in_executor(None, feed.finish, path)
-            except BaseException:
-                self.files.policy.unpin([cid])
-                raise
-
-    def _receiving(self, delta: int) -> None:
-        """A fetch starts (+1) or stops (-1) receiving; a period with any receiving ends: its rate joins the average."""
-        now = time.monotonic()
-        if self._fetching == 0 and delta > 0:
-            self._period_bytes, self._period_start = 0, now
-        self._fetching += delta
-        if self._fetching == 0 and (took := now - self._period_start) > 0 and self._period_bytes >= 1 << 16:
-            rate = self._period_bytes / took
-            self.upstream_bytes_per_s = rate if self.upstream_bytes_per_s is None else 0.7 * self.upstream_bytes_per_s + 0.3 * rate
 
     async def _revalidate(self, bucket: str, keys: list[str], cids: list[str]) -> None:
         """Check cached copies not confirmed within ``revalidate_after_s`` against the upstream (a HEAD each, its ETag);
@@ -439,7 +367,7 @@ class S3ChunkSource(ChunkSource):
         return self.open.mapper
 
     def status(self) -> dict[str, object]:
-        return {"chunk_cache": self.files.status() | {"fetched": self.fetched, "revalidated": self.revalidated,
+        return {"chunk_cache": self.files.status() | {"fetched": self.fetches.fetched, "revalidated": self.revalidated,
                                                         "arrived": self.arrived, "arrived_cached": self.arrived_cached},
                 "open_file_cache": self.open.status(),
                 "upstream_gets": {"lean": self.up.lean.served, "declined": self.up.lean.declined} if self.up.lean else {},
