@@ -25,13 +25,14 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from protocol.errors import ErrorCode, S3Error
 
 from ..layout import KVLayout
 from ..sync import SyncObjectCacheClient
-from .blocks import PagedFormat, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of
+from .blocks import PagedFormat, as_array, chunk_layer_shape, chunk_view, layout_of, scatter_layer
 from .plan import ChunkTransfer, first_blocks, load_budget, merge
 
 log = logging.getLogger("objectcache.vllm")
@@ -40,9 +41,9 @@ log = logging.getLogger("objectcache.vllm")
 @dataclass
 class _Load:
     keys: list[str]
-    chunk_index: torch.Tensor | None  # None: block i takes chunk i (no key repeats), no gather needed
+    chunk_index: np.ndarray | None  # None: block i takes chunk i (no key repeats), no gather needed
     block_ids: list[int]
-    blocks: torch.Tensor
+    blocks: np.ndarray
     ready: list[threading.Event]
     landed: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -71,6 +72,7 @@ class WorkerSide:
         self.load_timeout_s = load_timeout_s
         self.layer_index: dict[str, int] = {}
         self.views: list[torch.Tensor] = []
+        self.arrays: list[np.ndarray] = []
         self.layout: KVLayout | None = None
         self.format = PagedFormat("CPU_ATTN")
         self.dtype: torch.dtype | None = None
@@ -91,6 +93,7 @@ class WorkerSide:
         self.format = fmt
         self.layer_index = {name: i for i, name in enumerate(order)}
         self.views = [chunk_view(kv_caches[name], self.block_size, fmt) for name in order]
+        self.arrays = [as_array(v) for v in self.views]  # what loads scatter into (see blocks.as_array)
         self.layout = layout_of(self.views, fmt)
         self.dtype = self.views[0].dtype
 
@@ -101,7 +104,7 @@ class WorkerSide:
             return
         keys, chunk_index, block_ids = merge(loads)
         identity = chunk_index == list(range(len(keys)))
-        job = _Load(keys, None if identity else torch.tensor(chunk_index), block_ids, torch.tensor(block_ids),
+        job = _Load(keys, None if identity else np.array(chunk_index), block_ids, np.array(block_ids),
                     [threading.Event() for _ in range(self.layout.num_layers)])
         budget = load_budget(loads, self.load_budget_s)
         job.deadline = None if budget is None else time.monotonic() + budget
@@ -118,18 +121,16 @@ class WorkerSide:
 
     async def _fetch(self, job: _Load) -> None:
         assert self.layout is not None and self.dtype is not None
-        n = len(job.keys)
         # The storage server gets what is left of the budget: it cuts the transfer at the first layer it
         # cannot start in time (KVLoadBudgetExceeded), so the failure arrives early, not at the deadline.
         budget = 0.0 if job.deadline is None else max(1e-3, job.deadline - time.monotonic())
         async with self.client.client.fetch_layers(job.keys, self.layout, self.transport, mode=self.mode, load_budget_s=budget) as layers:
             async for layer, view in layers:
-                src = layer_from_bytes(view, n, self.layout, self.dtype, self.format)
                 with job.lock:
                     if job.abandoned:
                         return
-                    # src[index] copies the layer: only when a chunk feeds several blocks.
-                    self.views[layer][job.blocks] = src if job.chunk_index is None else src[job.chunk_index]
+                    # The chunks' rows are copied once more only when a chunk feeds several blocks.
+                    scatter_layer(self.arrays[layer], view, job.blocks, job.chunk_index)
                     job.landed.add(layer)
                 job.ready[layer].set()
 

@@ -25,7 +25,17 @@ torch = pytest.importorskip("torch")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from client_sdk.vllm_connector.blocks import CONTENT, LAYOUTS, PagedFormat, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of  # noqa: E402
+from client_sdk.vllm_connector.blocks import (  # noqa: E402
+    CONTENT,
+    LAYOUTS,
+    PagedFormat,
+    as_array,
+    chunk_layer_shape,
+    chunk_view,
+    layer_from_bytes,
+    layout_of,
+    scatter_layer,
+)
 
 ES = 4  # float32
 NUM_LAYERS = 3
@@ -104,14 +114,21 @@ def test_gather_and_scatter_match_vllms_own_layout(problem):
     got = views[layer][torch.tensor(gather)].numpy()
     assert np.array_equal(got, flat[paged.offsets(layer, g)])
 
-    # Scatter (a load): chunks from a layer-major payload into blocks; one chunk may feed several blocks.
-    before = flat.copy()
-    src_np = np.random.default_rng(seed + 1).standard_normal((len(blocks), *chunk_layer_shape(layout, fmt)), dtype=np.float32)
-    src = layer_from_bytes(memoryview(bytearray(src_np.tobytes())), len(blocks), layout, torch.float32, fmt)
-    views[layer][torch.tensor(blocks)] = src[torch.tensor(chunk_index)]
-    expected = before.copy()
-    expected[paged.offsets(layer, np.array(blocks))] = src_np[np.array(chunk_index)]
-    assert np.array_equal(flat, expected), "the scatter wrote other bytes than vLLM's layout says (or missed some)"
+    # Scatter (a load): chunks from a layer-major payload into blocks; one chunk may feed several blocks. Through torch
+    # views (a save's reading of them) and through the numpy arrays the connector's loads write.
+    for how in ("torch", "array"):
+        before = flat.copy()
+        src_np = np.random.default_rng(seed + len(how)).standard_normal((len(blocks), *chunk_layer_shape(layout, fmt)), dtype=np.float32)
+        payload = memoryview(bytearray(src_np.tobytes()))
+        if how == "torch":
+            src = layer_from_bytes(payload, len(blocks), layout, torch.float32, fmt)
+            views[layer][torch.tensor(blocks)] = src[torch.tensor(chunk_index)]
+        else:
+            identity = chunk_index == list(range(len(blocks)))
+            scatter_layer(as_array(views[layer]), payload, np.array(blocks), None if identity else np.array(chunk_index))
+        expected = before.copy()
+        expected[paged.offsets(layer, np.array(blocks))] = src_np[np.array(chunk_index)]
+        assert np.array_equal(flat, expected), f"the scatter ({how}) wrote other bytes than vLLM's layout says (or missed some)"
 
 
 def test_the_known_layouts_and_backends_are_vllms():
