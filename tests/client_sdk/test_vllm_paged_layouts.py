@@ -25,17 +25,7 @@ torch = pytest.importorskip("torch")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from client_sdk.vllm_connector.blocks import (  # noqa: E402
-    CONTENT,
-    LAYOUTS,
-    PagedFormat,
-    as_array,
-    chunk_layer_shape,
-    chunk_view,
-    layer_from_bytes,
-    layout_of,
-    scatter_layer,
-)
+from client_sdk.vllm_connector.blocks import CONTENT, LAYOUTS, PagedFormat, as_array, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of, scatter_layer  # noqa: E402
 
 ES = 4  # float32
 NUM_LAYERS = 3
