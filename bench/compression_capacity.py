@@ -90,7 +90,9 @@ def measure(sample: KVSample, codecs: list[str], layers: int, chunks: int, repea
         extra = f'[cache]\nfetch_concurrency = 16\n[compression]\nlossy_buckets = ["{BUCKET}"]\n'
         creds = ("BENCH" + secrets.token_hex(6).upper(), secrets.token_urlsafe(24))  # one tenant on both nodes
         with ThreadPoolExecutor(2) as pool:  # the two nodes start side by side (each takes seconds)
-            a, b = pool.map(lambda _: start_server(extra, credentials=creds, store_toml=up.store_toml()), range(2))
+            # A only puts: its copies after each kv-put (decode_on_put) would share this host's cores with B's timed fetch.
+            a, b = pool.map(lambda put_side: start_server(extra + ("decode_on_put = false\n" if put_side else ""), credentials=creds,
+                                                          store_toml=up.store_toml()), (True, False))
         try:
             rows = asyncio.run(_cold_gets(a, b, sample, codecs, layers, chunks, repeats))
         finally:

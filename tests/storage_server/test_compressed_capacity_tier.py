@@ -159,3 +159,35 @@ def test_a_corrupt_chunk_streaming_in_is_not_copied_and_the_kv_get_refuses_it_na
         assert key in e.value.message and field in e.value.message
         after = _copies(b)
         assert after["bytes"] <= after["max_bytes"] and after["streamed"] <= before["streamed"] + 2, after  # never the bad one
+
+
+def test_the_node_a_kv_put_went_through_copies_its_compressed_chunks_and_its_first_kv_get_decodes_nothing(tier):
+    """``compression.decode_on_put`` in a capacity tier: the chunks a kv-put wrote through the node's cache are decoded
+    into copies right after the put, as on a local store, so the first kv-get through that node reads copies."""
+    _, a, _, alice = tier
+    bucket = "ztier-on-put"
+    boto_client(a.endpoint, alice).create_bucket(Bucket=bucket)
+    layout = kv_layout(64)
+    n = 4
+    chunks, keys = kv_chunks(layout, n, seed=61), keys_for(layout, n, bucket)
+    prefills = _copies(a)["prefills"]
+
+    async def put():
+        async with client(a, alice, bucket) as ca:
+            await ca.put_chunks(keys, chunks, layout, codec="zstd")
+    run(put())
+    deadline = time.monotonic() + 60
+    while ((copies := _copies(a))["pending"] or copies["prefills"] < prefills + n) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert copies["prefills"] == prefills + n, copies  # decoded after the put, before any kv-get asked
+    decoded = _decoded_bytes(a)
+
+    async def fetch():
+        async with client(a, alice, bucket) as ca:
+            return await ca.fetch(keys, layout, "shm", verify=True)
+    payload, stats = run(fetch())
+    assert np.array_equal(payload, reference(layout, chunks))
+    site = stats.server.decode_site
+    assert site["decoded_copies"] == n and site["decoded_copies_read"] == "gathered", site
+    assert stats.server.paths == {"local": stats.server.paths.get("local", 0)}  # the cache held them: nothing fetched
+    assert _decoded_bytes(a) == decoded  # the first kv-get decoded nothing

@@ -357,6 +357,29 @@ class S3ChunkSource(ChunkSource):
         result.paths, result.failovers = _paths(cids, sizes, upstream, filled), filled.failovers  # type: ignore[arg-type]
         return result
 
+    async def pin_held(self, bucket: str, keys: list[str]) -> PinnedChunks | None:
+        """The chunks a kv-put just wrote through this cache, pinned as they are (no chunk fetched or revalidated);
+        None where one is not cached (no room at the put, or evicted or dropped since): decoded copies after a kv-put."""
+        cids = await self._ids(bucket, keys)
+        sizes = [self.files.size(c) for c in cids]
+        if None in sizes:
+            return None
+        self.files.policy.pin(cids)
+        paths = [os.fspath(self.files.path(c, s)) for c, s in zip(cids, sizes)]  # type: ignore[arg-type]
+        try:
+            held = self.open.acquire_held(paths)
+            if held is None:
+                fds = await asyncio.get_running_loop().run_in_executor(None, self.open.acquire, paths, sizes)
+                held = fds, self.open.slots(paths, fds)
+        except MissingFile:  # dropped by a delete or overwrite meanwhile
+            self.files.policy.unpin(cids)
+            return None
+        except BaseException:
+            self.files.policy.unpin(cids)
+            raise
+        fds, mapped = held
+        return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, fds, cids))  # type: ignore[arg-type]
+
     def _release(self, paths: list[str], fds: list[int], pinned: list[str]) -> None:
         self.open.release(paths, fds)
         self.files.policy.unpin(pinned)
