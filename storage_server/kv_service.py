@@ -145,16 +145,17 @@ class KVService:
         async with self.fds.hold(files, (FDS_PER_FILE if direct else 1) + copy_fds, min(self.stream_fds, 2 * files)):
             last = await self._get(call, d, arrived, copy_fds)
         # The end (or error) frame goes out last: a client that has it sees the kv-get counted and recorded, its chunks
-        # unpinned and its descriptors given back.
+        # unpinned and its descriptors given back. A client gone by then had every byte: the kv-get stays counted.
         if last is not None:
             try:
-                await last
+                await last()
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
                 log.info("client of %s went away before its end frame", call.request.fields.get("request_id", ""))
         return None
 
-    async def _get(self, call: RpcCall, d: Descriptor, arrived: float, copy_fds: bool = False) -> Awaitable[None] | None:
-        """Run one kv-get; the frame that ends it, not sent yet (None where nothing is left to send)."""
+    async def _get(self, call: RpcCall, d: Descriptor, arrived: float, copy_fds: bool = False) -> Callable[[], Awaitable[None]] | None:
+        """Run one kv-get; what sends the frame that ends it, called by :meth:`get` once everything is given back
+        (None where nothing is left to send)."""
         tenant, bucket = call.field("tenant"), call.field("bucket")
         request_id = str(call.request.fields.get("request_id", ""))
         frames = FrameSink(call.writer, self.config.storage_server.send_stall_s,
@@ -164,8 +165,8 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
         pinned, extra_fds, last = None, 0, None
         try:
-            if self.delegate is not None and await self._delegated(call, d, transport, frames, slot, arrived):
-                return None
+            if self.delegate is not None and (delegated := await self._delegated(call, d, transport, frames, slot, arrived)):
+                return None if delegated is True else delegated
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
             # One count in C: a generator over the sizes read the descriptor's property per chunk, 1.0 ms for 3,584 chunks
@@ -197,27 +198,30 @@ class KVService:
                 if via := call.request.fields.get("via"):  # served on a peer's behalf: this node's cache is that node's peer path
                     stats.paths = {f"peer:{via}" if path == "local" else path: n for path, n in stats.paths.items()}
                 stats.failovers = pinned.failovers
-                last = frames.end(stats.to_json())
+                last = functools.partial(frames.end, stats.to_json())
                 self.completed += 1
                 self.bytes_delivered += d.payload_bytes
                 outcome = "ok"
             except S3Error as e:
                 outcome = "error"
-                last = frames.error(e.to_dict())
+                last = functools.partial(frames.error, e.to_dict())
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
                 outcome = "client_gone"
                 log.info("client of %s went away; transfer stopped", request_id)
             except Exception as e:
                 log.exception("transfer %s failed", request_id)
-                last = frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+                last = functools.partial(frames.error, S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
             self._ended(info, outcome, stats)
             return last
         finally:
             self.active.pop(slot, None)
             self._tasks.pop(slot, None)
-            if pinned is not None:
-                pinned.release()
-            transport.close()
+            try:  # a failing release is logged, never in the way of the end frame
+                if pinned is not None:
+                    pinned.release()
+                transport.close()
+            except Exception:
+                log.exception("releasing kv-get %s failed", request_id)
             await self.fds.give(extra_fds)
 
     async def _headers(self, d: Descriptor, pinned: PinnedChunks) -> list[ChunkHeader | None] | None:
@@ -229,8 +233,10 @@ class KVService:
             pinned.derived[("headers", d.num_layers, d.per_layer_chunk_bytes)] = known
         return known
 
-    async def _delegated(self, call: RpcCall, d: Descriptor, transport: Transport, frames: FrameSink, slot: int, arrived: float) -> bool:
-        """The kv-get served through other nodes, if the delegate takes it (False: serve it here)."""
+    async def _delegated(self, call: RpcCall, d: Descriptor, transport: Transport, frames: FrameSink, slot: int,
+                         arrived: float) -> bool | Callable[[], Awaitable[None]]:
+        """The kv-get served through other nodes, if the delegate takes it (False: serve it here); what sends its end
+        frame (True: nothing left to send)."""
         assert self.delegate is not None
         tenant, bucket, request_id = call.field("tenant"), call.field("bucket"), str(call.request.fields.get("request_id", ""))
         accepted, setup_s, info = False, 0.0, None
@@ -245,13 +251,13 @@ class KVService:
             call.writer.write(encode_reply(KVGetAccepted("layerwise", d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
 
-        outcome, stats = "failed", None
+        outcome, stats, last = "failed", None, None
         try:
             stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept))
             if stats is None:
                 return False
             stats.request_id, stats.setup_s = request_id, setup_s
-            await frames.end(stats.to_json())
+            last = functools.partial(frames.end, stats.to_json())
             self.completed += 1
             self.bytes_delivered += d.payload_bytes
             outcome = "ok"
@@ -259,17 +265,17 @@ class KVService:
             if not accepted:
                 raise
             outcome = "error"
-            await frames.error(e.to_dict())
+            last = functools.partial(frames.error, e.to_dict())
         except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
             outcome = "client_gone"
         except Exception as e:
             if not accepted:
                 raise
             log.exception("delegated transfer %s failed", request_id)
-            await frames.error(S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
+            last = functools.partial(frames.error, S3Error(ErrorCode.InternalError, f"transfer failed: {e.__class__.__name__}").to_dict())
         if info is not None:
             self._ended(info, outcome, stats)
-        return True
+        return last or True
 
     def _forecast(self, snapshot: Any, d: Descriptor, paths: dict[str, int]) -> Forecast | None:
         """The oracle's prediction for this kv-get; a failing forecaster costs the metric, never the kv-get."""

@@ -237,6 +237,7 @@ class PeerFetcher:
             have[i] = True
             filled.pinned.append(cid)
             if fetched:
+                filled.brought.append(cid)
                 filled.paths["upstream"] = filled.paths.get("upstream", 0) + (cache.files.size(cid) or 0)
 
         await asyncio.gather(*(one(i) for i in own))
@@ -257,6 +258,7 @@ class PeerFetcher:
                     if ok:
                         have[i] = True
                         filled.pinned.append(wanted[i][1])
+                        filled.brought.append(wanted[i][1])
                         filled.paths[path] = filled.paths.get(path, 0) + len(data)
                         self.tally.bytes[peer.node_id] = self.tally.bytes.get(peer.node_id, 0) + len(data)
             finally:

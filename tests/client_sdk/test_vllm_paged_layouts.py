@@ -121,6 +121,25 @@ def test_gather_and_scatter_match_vllms_own_layout(problem):
         assert np.array_equal(flat, expected), f"the scatter ({how}) wrote other bytes than vLLM's layout says (or missed some)"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.uint8])
+@pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN", "FLASHMLA"])
+def test_a_loads_scatter_through_arrays_writes_what_torch_would_for_every_element_width(dtype, backend):
+    """The connector's loads scatter through :func:`as_array` (same-width integers: numpy has no bfloat16); over strided
+    views of every element width it writes exactly the bytes torch's own scatter writes, one chunk feeding two blocks."""
+    fmt = PagedFormat(backend)
+    heads = 1 if fmt.content == "latent" else 2
+    gen = torch.Generator().manual_seed(7)
+    kv = (torch.rand((6, heads, 4, 8), generator=gen) * 100).to(dtype)  # [B, H, N, C]: 6 blocks of 4 tokens
+    layout = layout_of([chunk_view(kv, 4, fmt)], fmt)
+    src = (torch.rand((3, *chunk_layer_shape(layout, fmt)), generator=gen) * 100).to(dtype)
+    blocks, rows = [5, 0, 3, 2], [2, 0, 1, 2]  # block 2 and block 5 both take chunk 2
+    by_torch, by_array = kv.clone(), kv.clone()
+    chunk_view(by_torch, 4, fmt)[torch.tensor(blocks)] = src[torch.tensor(rows)]
+    scatter_layer(as_array(chunk_view(by_array, 4, fmt)), memoryview(src.view(torch.uint8).numpy().tobytes()), np.array(blocks), np.array(rows))
+    assert torch.equal(by_array.view(torch.uint8), by_torch.view(torch.uint8))
+    assert not torch.equal(by_array.view(torch.uint8), kv.view(torch.uint8))  # it wrote something
+
+
 def test_the_known_layouts_and_backends_are_vllms():
     """A vLLM that adds a stride order or renames a backend fails here, not silently in a load."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend

@@ -62,11 +62,13 @@ CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
 
 @dataclass
 class Filled:
-    """What a second source brought for one pin: the chunks it cached and pinned, bytes per path, failovers; and,
-    with ``arrivals``, the raw chunks received straight into memory (``arrivals.landed``: by row; ``rows``: each
-    wanted chunk's row; ``claimed``: the chunk ids whose landing in the cache this pin owes, after its kv-get)."""
+    """What a second source brought for one pin: the chunks it pinned (cached now, by it or by another request meanwhile),
+    ``brought`` those it cached itself (this pin's misses), bytes per path, failovers; and, with ``arrivals``, the raw
+    chunks received straight into memory (``arrivals.landed``: by row; ``rows``: each wanted chunk's row; ``claimed``:
+    the chunk ids whose landing in the cache this pin owes, after its kv-get)."""
 
     pinned: list[str] = field(default_factory=list)
+    brought: list[str] = field(default_factory=list)
     paths: dict[str, int] = field(default_factory=dict)
     failovers: int = 0
     arrivals: Arrivals | None = None
@@ -317,8 +319,7 @@ class S3ChunkSource(ChunkSource):
                     raise r
             # The whole chain is used; those this kv-get brought in itself are its misses, not reuses (a policy counting
             # them as hits learnt that every fetched chunk is reused at once).
-            brought = set(upstream) | set(filled.pinned) | {cids[r] for r in (filled.arrivals.landed if filled.arrivals else ())}
-            self.files.policy.touch_chain(cids, brought)
+            self.files.policy.touch_chain(cids, set(upstream) | set(filled.brought) | set(filled.claimed))
             in_memory = filled.arrivals.landed if filled.arrivals else {}
             on_disk = [j for j in range(len(keys)) if j not in in_memory]
             sizes = [self.files.size(c) if j not in in_memory else filled.arrivals.row_bytes for j, c in enumerate(cids)]  # type: ignore[union-attr]
