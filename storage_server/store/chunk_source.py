@@ -118,7 +118,7 @@ class ChunkSource(abc.ABC):
         return 0
 
     async def pin_held(self, bucket: str, keys: list[str]) -> PinnedChunks | None:
-        """Pin chunks this node holds, asking nobody (no upstream, no peer, no revalidation); None where this source
+        """Pin chunks this node holds, asking nobody for a chunk (none fetched, none revalidated); None where this source
         cannot (then nothing is pinned). For background work on chunks just stored (decoded copies after a kv-put)."""
         return None
 
