@@ -17,8 +17,8 @@ known here by backend name (never guessed from a shape):
 A chunk layer is ``[2, block_size, kv_heads, head_dim]`` (KV_L2TD) for K/V backends and
 ``[block_size, latent_dim]`` for MLA (the ``mla`` namespace keeps the two apart; its
 :class:`KVLayout` has ``kv_heads = 1``, ``head_dim = latent_dim / 2`` so sizes agree).
-:func:`chunk_view` re-strides a layer as ``[num_blocks, *chunk layer]``: a gather is
-``view[block_ids]``, a scatter ``view[block_ids] = layers``.
+:func:`chunk_view` re-strides a layer as ``[num_blocks, *chunk layer]``: a gather (a save) is
+``view[block_ids]``; a load's scatter is :func:`scatter_layer` into its :func:`as_array`.
 """
 
 from __future__ import annotations
@@ -115,12 +115,6 @@ def chunk_layer_shape(layout: KVLayout, fmt: PagedFormat = PagedFormat("CPU_ATTN
     if fmt.content == "latent":
         return (layout.chunk_tokens, 2 * layout.head_dim)
     return (2, layout.chunk_tokens, layout.kv_heads, layout.head_dim)
-
-
-def layer_from_bytes(buf: memoryview, num_chunks: int, layout: KVLayout, dtype: torch.dtype,
-                     fmt: PagedFormat = PagedFormat("CPU_ATTN")) -> torch.Tensor:
-    """One layer of a layer-major payload (``N·S`` bytes) as ``[N, *chunk layer]``, no copy."""
-    return torch.frombuffer(buf, dtype=dtype).view(num_chunks, *chunk_layer_shape(layout, fmt))
 
 
 def as_array(view: torch.Tensor) -> np.ndarray:

@@ -25,6 +25,7 @@ lives exactly as long as its entry, so a chunk a transfer holds stays mapped.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections import OrderedDict
@@ -74,6 +75,15 @@ class OpenFileCache:
                 entries.move_to_end(p)
             self.hits += len(paths)
         return [e.fd for e in held], [e.slot for e in held]
+
+    async def open_all(self, paths: list[str], sizes: list[int] | None = None) -> tuple[list[int], list[MappedSlot | None]]:
+        """Every path's fd and mapping, all or nothing (raises :class:`MissingFile`): on the loop when all are open and
+        mapped already (a repeated prefix: no thread hop), else opened and mapped on a worker thread (thousands of opens)."""
+        held = self.acquire_held(paths)
+        if held is not None:
+            return held
+        fds = await asyncio.get_running_loop().run_in_executor(None, self.acquire, paths, sizes)
+        return fds, self.slots(paths, fds)
 
     def acquire(self, paths: list[str], sizes: list[int] | None = None) -> list[int]:
         """Open (or reuse) every path; all or nothing. Raises :class:`MissingFile`.

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from client_sdk.vllm_connector.blocks import CONTENT, LAYOUTS, PagedFormat, as_array, chunk_layer_shape, chunk_view, layer_from_bytes, layout_of, scatter_layer  # noqa: E402
+from client_sdk.vllm_connector.blocks import CONTENT, LAYOUTS, PagedFormat, as_array, chunk_layer_shape, chunk_view, layout_of, scatter_layer  # noqa: E402
 
 ES = 4  # float32
 NUM_LAYERS = 3
@@ -111,7 +111,7 @@ def test_gather_and_scatter_match_vllms_own_layout(problem):
         src_np = np.random.default_rng(seed + len(how)).standard_normal((len(blocks), *chunk_layer_shape(layout, fmt)), dtype=np.float32)
         payload = memoryview(bytearray(src_np.tobytes()))
         if how == "torch":
-            src = layer_from_bytes(payload, len(blocks), layout, torch.float32, fmt)
+            src = torch.frombuffer(payload, dtype=torch.float32).view(len(blocks), *chunk_layer_shape(layout, fmt))
             views[layer][torch.tensor(blocks)] = src[torch.tensor(chunk_index)]
         else:
             identity = chunk_index == list(range(len(blocks)))

@@ -178,10 +178,7 @@ class LocalDiskChunkSource(ChunkSource):
         self.policy.pin(names)  # before the first await: an eviction running meanwhile skips them
         sizes = [loc[1] for loc in found]  # type: ignore[index]
         try:
-            held = self.files.acquire_held(paths)  # all open and mapped already (a repeated prefix): no thread hop
-            if held is None:
-                fds = await asyncio.get_running_loop().run_in_executor(None, self.files.acquire, paths, sizes)
-                held = fds, self.files.slots(paths)
+            fds, mapped = await self.files.open_all(paths, sizes)
         except MissingFile as e:
             self.policy.unpin(names)
             key = keys[e.index]
@@ -189,7 +186,6 @@ class LocalDiskChunkSource(ChunkSource):
         except BaseException:
             self.policy.unpin(names)
             raise
-        fds, mapped = held
         entry = Resolved(bucket, keys, paths, names, sizes, fds, mapped)
         if self.resolved.add(entry, version):  # the entry holds these pins from now on
             return self.resolved.pinned(entry, functools.partial(self._release_resolved, entry))

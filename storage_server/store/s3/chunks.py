@@ -328,14 +328,11 @@ class S3ChunkSource(ChunkSource):
                     raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key})
             paths = [os.fspath(self.files.path(cids[j], sizes[j])) for j in on_disk]  # type: ignore[arg-type]
             disk_sizes = [sizes[j] for j in on_disk]
-            held = self.open.acquire_held(paths)  # all open and mapped already (a repeated prefix): no thread hop
-            if held is None:
-                try:  # thousands of opens (and maps): off the loop
-                    fds = await asyncio.get_running_loop().run_in_executor(None, self.open.acquire, paths, disk_sizes)
-                except MissingFile as e:  # dropped by a delete or overwrite through this process meanwhile
-                    key = keys[on_disk[e.index]]
-                    raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
-                held = fds, self.open.slots(paths, fds)
+            try:
+                fds, mapped = await self.open.open_all(paths, disk_sizes)  # type: ignore[arg-type]
+            except MissingFile as e:  # dropped by a delete or overwrite through this process meanwhile
+                key = keys[on_disk[e.index]]
+                raise S3Error(ErrorCode.NoSuchKey, f"chunk {key!r} was removed while the request was planned", extra={"Key": key}) from None
         except BaseException:
             self.files.policy.unpin(pinned)
             if filled.arrivals is not None:
@@ -343,7 +340,6 @@ class S3ChunkSource(ChunkSource):
                     self.release(cid)
                 filled.arrivals.let_go()
             raise
-        fds, mapped = held
         if filled.arrivals is None or not in_memory:
             if filled.arrivals is not None:
                 filled.arrivals.let_go()
@@ -368,17 +364,13 @@ class S3ChunkSource(ChunkSource):
         self.files.policy.pin(cids)
         paths = [os.fspath(self.files.path(c, s)) for c, s in zip(cids, sizes)]  # type: ignore[arg-type]
         try:
-            held = self.open.acquire_held(paths)
-            if held is None:
-                fds = await asyncio.get_running_loop().run_in_executor(None, self.open.acquire, paths, sizes)
-                held = fds, self.open.slots(paths, fds)
+            fds, mapped = await self.open.open_all(paths, sizes)  # type: ignore[arg-type]
         except MissingFile:  # dropped by a delete or overwrite meanwhile
             self.files.policy.unpin(cids)
             return None
         except BaseException:
             self.files.policy.unpin(cids)
             raise
-        fds, mapped = held
         return PinnedChunks.whole_files(fds, sizes, mapped, functools.partial(self._release, paths, fds, cids))  # type: ignore[arg-type]
 
     def _release(self, paths: list[str], fds: list[int], pinned: list[str]) -> None:
