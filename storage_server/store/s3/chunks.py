@@ -58,6 +58,7 @@ from .store import S3Store
 from .upstream_fetch import UpstreamFetches
 
 CHUNK_SPEC = PutSpec(content_type=CHUNK_CONTENT_TYPE, immutable=True)
+FETCH_TRIES = 3  # GETs of one missing chunk that a write through this node overtook, before the kv-get is told to retry
 
 
 @dataclass
@@ -196,11 +197,22 @@ class S3ChunkSource(ChunkSource):
             await asyncio.wait([inflight])
         done = self._inflight[cid] = asyncio.get_running_loop().create_future()
         try:
-            await self.fetches.fetch(bucket, key, cid, tenant)  # pinned from its commit on
+            for _ in range(FETCH_TRIES):
+                await self.fetches.fetch(bucket, key, cid, tenant)  # pinned from its commit on
+                if cid not in self._stale_claims:
+                    return True
+                # Overwritten or deleted through this node during the GET: what arrived may be the old bytes, and it
+                # replaced whatever the write cached. Dropped and fetched again, so the cache never serves a version
+                # older than a write this node acknowledged (a delete: the next GET answers NoSuchKey).
+                self._stale_claims.discard(cid)
+                self.files.policy.unpin([cid])
+                self.files.drop(cid)
+            raise S3Error(ErrorCode.ServiceUnavailable, f"chunk {key!r} changed {FETCH_TRIES} times while it was fetched; retry.",
+                          f"/{bucket}/{key}")
         finally:
+            self._stale_claims.discard(cid)
             del self._inflight[cid]
             done.set_result(None)
-        return True
 
     # -- what a second source uses ---------------------------------------------------
     async def fetch_upstream_pinned(self, bucket: str, key: str, cid: str, tenant: str = "") -> bool:
