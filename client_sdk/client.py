@@ -35,6 +35,7 @@ from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import TransportKind, encode_keys, encode_put_batch
 
+from .buffers import RegisteredRegion
 from .compression import encode_layout_chunk, shape_header
 from .decoding import SliceDecoder
 from .destinations import Destinations, HttpDestinations, ShmDestinations
@@ -110,6 +111,7 @@ class ObjectCacheClient(KVGets, RdmaGets, Registrations):
         self.direct = direct
         if decode_threads < 1:
             raise ValueError("decode_threads must be at least 1")
+        self._unregistering: set[asyncio.Task[None]] = set()  # regions of abandoned fetches, being let go of
         self._decoder = SliceDecoder(decode_threads)  # fetch_layers(decode="client"/"auto"): compressed slices decoded here
         if not (link_gbps >= 0 and math.isfinite(link_gbps)):
             raise ValueError(f"link_gbps must be finite and >= 0, not {link_gbps!r}")
@@ -159,9 +161,10 @@ class ObjectCacheClient(KVGets, RdmaGets, Registrations):
         await self.close()
 
     async def close(self) -> None:
+        if self._unregistering:
+            await asyncio.gather(*self._unregistering, return_exceptions=True)
         for r in [r for d in self._destinations.values() for r in d.close()]:
-            with contextlib.suppress(Exception):
-                await self._post("/", KVOp.UNREGISTER, _json(UnregisterRequest(r.region_id.hex(), r.token.hex())))
+            await self._unregister(r)
         if self._s3_ctx is not None:
             await self._s3_ctx.__aexit__(None, None, None)
             self._s3_ctx = None
@@ -169,6 +172,16 @@ class ObjectCacheClient(KVGets, RdmaGets, Registrations):
             await self._http.close()
             self._http = None
         await asyncio.to_thread(self._decoder.close)
+
+    async def _unregister(self, r: RegisteredRegion) -> None:
+        with contextlib.suppress(Exception):  # best effort, as it always was at close
+            await self._post("/", KVOp.UNREGISTER, _json(UnregisterRequest(r.region_id.hex(), r.token.hex())))
+
+    def _unregister_soon(self, r: RegisteredRegion) -> None:
+        """Unregister ``r`` (an abandoned fetch's region) without holding up the fetch that let go of it."""
+        task = asyncio.ensure_future(self._unregister(r))
+        self._unregistering.add(task)
+        task.add_done_callback(self._unregistering.discard)
 
     # -- public API -----------------------------------------------------------------
     async def warm_up(self, payload_bytes: int, regions: int = 1) -> None:

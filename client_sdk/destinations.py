@@ -73,6 +73,13 @@ class Destinations(abc.ABC):
     def release(self, dest: Destination) -> None:
         """The fetch is over: the memory may be reused."""
 
+    def abandon(self, dest: Destination) -> list[RegisteredRegion]:
+        """The fetch stopped before its end frame, and the storage server may still be writing into ``dest`` (it stops
+        at its next layer once it sees the connection closed): never hand that memory to another fetch. Returns the
+        registrations to unregister (the server lets go of one once its transfer ends)."""
+        self.release(dest)  # the SDK's own socket reads fill it: nothing writes once the socket is closed
+        return []
+
     def forget(self, dest: Destination) -> None:
         """The server no longer knows this destination (it restarted): never reuse it."""
 
@@ -192,6 +199,16 @@ class ShmDestinations(Destinations):
     def release(self, dest: Destination) -> None:
         if dest.region is not None:
             self.pool.release(dest.region)
+
+    def abandon(self, dest: Destination) -> list[RegisteredRegion]:
+        # Reused at once, the region took the next fetch's layers while the abandoned transfer's last pieces could still
+        # land in it (the server's read threads finish the piece they are copying, and the loop notices the close only
+        # at its next turn).
+        region, dest.region = dest.region, None
+        if region is None:
+            return []
+        self.pool.forget(region)
+        return [region]
 
     def forget(self, dest: Destination) -> None:
         if dest.region is not None:

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -21,6 +21,7 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import HEADER_RDMA_TAG, KVOp
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor
 
+from .buffers import RegisteredRegion
 from .decoding import LayerDecodes, SliceDecoder
 from .destinations import Destination, Destinations
 from .direct import DirectFrameStream
@@ -46,6 +47,7 @@ class KVGets(SignedRequests):
     _local: LocalSession | None
     _destinations: dict[TransportKind, Destinations]
     _rdma_unavailable: str
+    _unregister_soon: Callable[[RegisteredRegion], None]
 
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
@@ -100,6 +102,7 @@ class KVGets(SignedRequests):
         frames: FrameStream | DirectFrameStream | None = None
         opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
         dest: Destination | None = None
+        stream: LayerStream | None = None
         auto = decode == "auto" and kind in (TransportKind.HTTP, TransportKind.RDMA)
         decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
 
@@ -160,7 +163,10 @@ class KVGets(SignedRequests):
                     r.release()
             if decodes is not None:
                 await decodes.drain()  # no decode thread still writes into the destination once it is released
-            if dest is not None:
+            if dest is not None and stream is not None and not stream._done:  # the server may still write into it
+                for region in destinations.abandon(dest):
+                    self._unregister_soon(region)
+            elif dest is not None:
                 destinations.release(dest)
 
     async def _open_frames(self, kind: TransportKind, body: bytes, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:

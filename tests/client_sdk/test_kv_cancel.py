@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 from kvsupport import TRANSPORTS, client, keys_for, make_chunks, rpc, run, tiny_layout
 from support import boto_client
@@ -57,7 +58,7 @@ def test_leaving_early_frees_everything(gated_node, tenants, transport):
             assert after["transfers_active"] == [], "transfer still running after the client left"
             assert after["open_file_cache"]["in_use"] == 0, "chunk files still held by the abandoned transfer"
             assert uncached_fds(after) <= uncached_fds(before), "fds leaked"
-            # The region is free again: this fetch reuses it and the client can unregister it.
+            # The client can fetch again (into another region over shm: the abandoned one is retired).
             payload, _ = await c.fetch(keys[:10], layout, transport)
             assert payload.shape == (layout.num_layers, 10 * layout.per_layer_chunk_bytes)
         gate.open()
@@ -119,5 +120,42 @@ def test_kv_status_shows_a_tenant_its_own_transfers_and_nothing_of_the_host(gate
                         break
             finally:
                 gate.open()
+
+    run(scenario())
+
+
+def test_a_region_left_mid_transfer_is_never_lent_to_another_fetch(gated_node, tenants):
+    """The server stops an abandoned transfer only at its next layer, and its read threads finish the piece they copy:
+    the region it wrote into is retired (unregistered once the transfer lets go of it), never handed to the next fetch,
+    whose layers the late pieces would otherwise overwrite."""
+    server, gate = gated_node, gated_node.gate
+    bucket = "kv-cancel-retire"
+    boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 200, "retire")
+
+    def address(view) -> int:
+        return np.frombuffer(view, np.uint8).ctypes.data
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, make_chunks(layout, 200, seed=9), layout)
+            await c.fetch(keys[:1], layout, "shm")  # a region registered and idle
+            regions = rpc(server.rpc_socket, "status")["regions"]
+            gate.hold_before(3)
+            async with c.fetch_layers(keys, layout, transport="shm", mode="layerwise") as layers:
+                async for _ in layers:
+                    assert gate.wait_held()
+                    abandoned = address(layers.payload)
+                    break
+            gate.open()
+            async with c.fetch_layers(keys[:10], layout, transport="shm", mode="layerwise") as again:
+                async for _ in again:
+                    pass
+                assert address(again.payload) != abandoned, "the abandoned fetch's region was lent to the next one"
+            deadline = time.monotonic() + 15
+            while rpc(server.rpc_socket, "status")["regions"] != regions and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert rpc(server.rpc_socket, "status")["regions"] == regions, "the retired region was never unregistered"
 
     run(scenario())
