@@ -51,6 +51,7 @@ from .copy_eviction import Held, victims
 from .fd_budget import soft_fd_limit
 from .store.chunk_source import ChunkSource
 from .store.mapped_files import MappedFiles, MappedSlot
+from .thread_priority import lowest_priority
 
 log = logging.getLogger("objectcache.storage_server.decoded_copies")
 
@@ -92,14 +93,6 @@ class Taken:
         return len(self.used)
 
 
-def _lowest_priority() -> None:
-    """The fill thread at nice 19 (this thread only, Linux): a kv-get's own decode and delivery run first."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass
-
-
 class DecodedCopies:
     """Raw copies of decoded chunks within ``max_bytes`` in ``root`` (see the module docstring)."""
 
@@ -116,7 +109,7 @@ class DecodedCopies:
         self._pending: set[Identity] = set()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies", initializer=_lowest_priority)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies", initializer=lowest_priority)
         # Decodes of chunks streaming in from an upstream (storage_server.stream_decode): a kv-get waits for these.
         self.stream_pool = ThreadPoolExecutor(stream_threads, thread_name_prefix="stream-decode")
         self.stream_threads = stream_threads

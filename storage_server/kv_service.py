@@ -366,6 +366,7 @@ class KVService:
             "transfer_fds": self.fds.status() | {"stream_decode_fds": self.stream_fds},
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},
             "decode_pipeline": self.executor.decoder.status(),
+            "gather_lanes": self.executor.lanes,
             "decoded_copies": self.copies.status() if self.copies is not None else {"max_bytes": 0},
         }
 
