@@ -323,9 +323,11 @@ class Executor(DirectRuns):
                                   lambda layer: transport.piece_buffer(layer, 0, split), d.layer_checksums)
             read_s = await self._notify_layers(plan, transport, pacer, started, layers, timeline, lane, split)
         finally:
-            self.gathering -= 1
-            if lane is not None:
-                await lane.close()
+            try:
+                if lane is not None:
+                    await lane.close()  # before another transfer may take the lane's thread
+            finally:
+                self.gathering -= 1
         deliver_s = sum(r[2] - r[1] for r in timeline)
         first_layer_s = timeline[layers[0]][2] if layers and layers[0] == 0 else 0.0
         return _stats(plan, timeline, read_s, deliver_s, started, first_layer_s)

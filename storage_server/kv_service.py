@@ -41,6 +41,7 @@ from .regions import RegionRegistry, ShmBudget
 from .registrations import Registrations, open_pyverbs
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
+from .staging_buffers import StagingBuffers
 from .store import ChunkSource, PinFor, PinnedChunks
 from .stream_decode import StreamedCopy
 from .transfer_info import Delegate, Forecast, Forecaster, PacerFactory, Pacers, TransferInfo, TransferObserver, VerbsOpener, log_transfer
@@ -69,6 +70,7 @@ class KVService:
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
+        self.staging_buffers = StagingBuffers()  # http staging kept between kv-gets (per tenant)
         self.fds = FdBudget()
         copies = zc.copies_budget(config.cache.max_bytes)
         self.copies = DecodedCopies(Path(config.store.data_dir) / "decoded-copies", copies, mapper=chunks.mapper,
@@ -162,7 +164,7 @@ class KVService:
                            self.peer_pace if call.request.fields.get("via") else None)
         slot = next(self._transfers)
         snapshot = self.forecaster.snapshot(request_id) if self.forecaster is not None else None
-        transport = open_transport(OpenRequest(d, tenant, frames, self.regions))
+        transport = open_transport(OpenRequest(d, tenant, frames, self.regions, self.staging_buffers))
         pinned, extra_fds, last = None, 0, None
         try:
             if self.delegate is not None and (delegated := await self._delegated(call, d, transport, frames, slot, arrived)):
@@ -361,7 +363,7 @@ class KVService:
             "transfers_active": [t.describe() for t in self.active.values()],
             "transfers_completed": self.completed,
             "bytes_delivered": self.bytes_delivered,
-            "http_staging": self.staging.status(),
+            "http_staging": self.staging.status() | {"kept": self.staging_buffers.status()},
             "page_cache_budget": self.executor.budget.status(),
             "transfer_fds": self.fds.status() | {"stream_decode_fds": self.stream_fds},
             "bandwidth": self.pool.status() if self.pool is not None else {"enabled": False},

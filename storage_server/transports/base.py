@@ -18,6 +18,7 @@ from protocol.wire import Descriptor, FrameType, json_frame, pack_frame
 
 from ..plan import Staging
 from ..regions import RegionRegistry
+from ..staging_buffers import StagingBuffers
 
 
 class FrameSink:
@@ -95,6 +96,7 @@ class OpenRequest:
     tenant: str
     frames: FrameSink
     regions: RegionRegistry
+    staging_buffers: StagingBuffers | None = None  # staging kept between transfers (http); None: made per transfer
 
 
 class Transport(abc.ABC):
