@@ -80,7 +80,7 @@ class Executor(DirectRuns):
         self.gathering = 0  # layerwise shm transfers in their gather loop (a second lane only for one alone)
         self.lanes = 0  # transfers gathered with a second lane (:mod:`.gather_lane`)
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self._lane: ThreadPoolExecutor | None = None  # the gather lane's thread, at nice 19 (spare cores only)
+        self._lane: ThreadPoolExecutor | None = None  # the gather lane's thread, at idle priority (spare cores only)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -90,9 +90,11 @@ class Executor(DirectRuns):
         if self._direct is not None:
             self._direct.shutdown(wait=True)
 
-    def _runs(self, first: int, last: int) -> list[tuple[int, int]]:
+    def _runs(self, first: int, last: int, mapped: bool = False) -> list[tuple[int, int]]:
+        """``[first, last)`` in contiguous runs, one per read thread; mapped chunks (memory copies, nothing blocks) in no
+        more runs than cores: G16x3584's 14 MiB layer in 16 runs on 2 cores took 1.6-2.2 ms a layer, in 2 runs 1.35-1.45."""
         n = last - first
-        k = max(1, min(self.io_threads, n))
+        k = max(1, min(self.io_threads, n, self.cores if mapped else n))
         bounds = [first + n * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
@@ -107,7 +109,7 @@ class Executor(DirectRuns):
         """
         loop = asyncio.get_running_loop()
         sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
-        runs = self._runs(first, last)
+        runs = self._runs(first, last, plan.mapped)
         futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in runs]
         try:
             return [(b - a, result) for (a, b), result in zip(runs, await _settled(asyncio.gather(*futures)))]
