@@ -90,11 +90,12 @@ class Executor(DirectRuns):
         if self._direct is not None:
             self._direct.shutdown(wait=True)
 
-    def _runs(self, first: int, last: int, mapped: bool = False) -> list[tuple[int, int]]:
-        """``[first, last)`` in contiguous runs, one per read thread; mapped chunks (memory copies, nothing blocks) in no
-        more runs than cores: G16x3584's 14 MiB layer in 16 runs on 2 cores took 1.6-2.2 ms a layer, in 2 runs 1.35-1.45."""
+    def _runs(self, first: int, last: int, copies: bool = False) -> list[tuple[int, int]]:
+        """``[first, last)`` in contiguous runs, one per read thread; warm mapped chunks (``copies``: memory copies that
+        nothing blocks, unlike reads that may wait on the disk) in no more runs than cores: G16x3584's 14 MiB layer in 16
+        runs on 2 cores took 1.6-2.2 ms a layer, in 2 runs 1.35-1.45."""
         n = last - first
-        k = max(1, min(self.io_threads, n, self.cores if mapped else n))
+        k = max(1, min(self.io_threads, n, self.cores if copies else n))
         bounds = [first + n * i // k for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i] < bounds[i + 1]]
 
@@ -109,7 +110,7 @@ class Executor(DirectRuns):
         """
         loop = asyncio.get_running_loop()
         sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
-        runs = self._runs(first, last, plan.mapped)
+        runs = self._runs(first, last, plan.mapped and plan.warm)
         futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in runs]
         try:
             return [(b - a, result) for (a, b), result in zip(runs, await _settled(asyncio.gather(*futures)))]
