@@ -61,10 +61,12 @@ class FrameSink:
         """Wait until everything written has left; a receiver that takes no byte for ``stall_s`` is cut off:
         the connection is aborted (dropping what it still queues, which references staging buffers) and
         ``ConnectionAbortedError`` ends the transfer, releasing its staging."""
+        transport = self.writer.transport
+        if not transport.get_write_buffer_size() and not transport.is_closing():
+            return  # the socket took it all: nothing to wait for (a drain under the stall bound was a task and a loop turn)
         if self.stall_s is None:
             await self.writer.drain()
             return
-        transport = self.writer.transport
         queued = transport.get_write_buffer_size()
         while True:
             try:
