@@ -35,7 +35,6 @@ from protocol.pyverbs_device import PyverbsDevice, verbs_available
 from protocol.verbs import ENGINE, VerbsDevice
 from protocol.wire import TransportKind, encode_keys, encode_put_batch
 
-from .buffers import RegisteredRegion
 from .compression import encode_layout_chunk, shape_header
 from .decoding import SliceDecoder
 from .destinations import Destinations, HttpDestinations, ShmDestinations
@@ -173,12 +172,13 @@ class ObjectCacheClient(KVGets, RdmaGets, Registrations):
             self._http = None
         await asyncio.to_thread(self._decoder.close)
 
-    async def _unregister(self, r: RegisteredRegion) -> None:
+    async def _unregister(self, r: Any) -> None:
         with contextlib.suppress(Exception):  # best effort, as it always was at close
             await self._post("/", KVOp.UNREGISTER, _json(UnregisterRequest(r.region_id.hex(), r.token.hex())))
 
-    def _unregister_soon(self, r: RegisteredRegion) -> None:
-        """Unregister ``r`` (an abandoned fetch's region) without holding up the fetch that let go of it."""
+    def _unregister_soon(self, r: Any) -> None:
+        """Unregister ``r`` (an abandoned fetch's region) without holding up the fetch that let go of it (the node lets go
+        of its memory once the transfer that still writes into it stops)."""
         task = asyncio.ensure_future(self._unregister(r))
         self._unregistering.add(task)
         task.add_done_callback(self._unregistering.discard)

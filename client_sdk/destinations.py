@@ -76,8 +76,11 @@ class Destinations(abc.ABC):
     def abandon(self, dest: Destination) -> list[RegisteredRegion]:
         """The fetch stopped before its end frame, and the storage server may still be writing into ``dest`` (it stops
         at its next layer once it sees the connection closed): never hand that memory to another fetch. Returns the
-        registrations to unregister (the server lets go of one once its transfer ends)."""
-        self.release(dest)  # the SDK's own socket reads fill it: nothing writes once the socket is closed
+        registrations (``region_id``, ``token``) to unregister; the node lets go of one once its transfer ends."""
+        # http: the SDK's own socket reads fill it, nothing writes once the socket is closed. rdma: one queue pair per
+        # buffer executes the abandoned request's writes before any later request's, whose LAYER announcements carry a
+        # new tag (the old one's are dropped), so the buffer is reused (NIXL's ordering is not checked here).
+        self.release(dest)
         return []
 
     def forget(self, dest: Destination) -> None:

@@ -28,8 +28,11 @@ FRAME_BURST = 4096
 class DirectFrameStream:
     """Same reading interface as :class:`client_sdk.frames.FrameStream`, over the data endpoint's socket."""
 
-    def __init__(self, sock: socket.socket, read_timeout: float) -> None:
+    def __init__(self, sock: socket.socket, read_timeout: float, keep: Callable[["DirectFrameStream"], None] | None = None) -> None:
         self._sock = sock
+        # Where a stream that ended cleanly gives its connection back (the session socket's kept connections).
+        self.keep = keep
+        self.reused = False  # on a connection an earlier request used
         self._timeout = read_timeout
         self._pending = memoryview(b"")
         self._burst = memoryview(bytearray(FRAME_BURST))
@@ -69,6 +72,17 @@ class DirectFrameStream:
         except BaseException:
             stream.close() if stream is not None else sock.close()
             raise
+
+    def detach(self) -> socket.socket | None:
+        """The socket, for another request, if this stream ended at a frame boundary with nothing unread (else None:
+        closed); the stream is not used again."""
+        loop, self._watching = self._watching, None
+        if loop is not None and not loop.is_closed() and self._sock.fileno() >= 0:
+            loop.remove_reader(self._sock.fileno())
+        if self._pending or self._eof or self.broken or self._sock.fileno() < 0:
+            self._sock.close()
+            return None
+        return self._sock
 
     def close(self) -> None:
         loop, self._watching = self._watching, None

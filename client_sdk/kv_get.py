@@ -21,7 +21,6 @@ from protocol.errors import ErrorCode, S3Error
 from protocol.kv_http import HEADER_RDMA_TAG, KVOp
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor
 
-from .buffers import RegisteredRegion
 from .decoding import LayerDecodes, SliceDecoder
 from .destinations import Destination, Destinations
 from .direct import DirectFrameStream
@@ -47,7 +46,7 @@ class KVGets(SignedRequests):
     _local: LocalSession | None
     _destinations: dict[TransportKind, Destinations]
     _rdma_unavailable: str
-    _unregister_soon: Callable[[RegisteredRegion], None]
+    _unregister_soon: Callable[[Any], None]
 
     @contextlib.asynccontextmanager
     async def fetch_layers(self, keys: Sequence[str], layout: KVLayout, transport: str = "auto", *,
@@ -103,6 +102,7 @@ class KVGets(SignedRequests):
         opened: list[tuple[Any, FrameStream | DirectFrameStream]] = []  # every stream this kv-get read (a resumed one has several)
         dest: Destination | None = None
         stream: LayerStream | None = None
+        refused = True  # until a request is sent: the server answered it with an error (it wrote nothing)
         auto = decode == "auto" and kind in (TransportKind.HTTP, TransportKind.RDMA)
         decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
 
@@ -134,9 +134,12 @@ class KVGets(SignedRequests):
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
                     opening = self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
+                    refused = False
                     resp, frames = await (opening if deadline is None else _by(deadline, load_budget_s, opening))
                     break
                 except S3Error as e:
+                    # The node's answer (not this process's deadline or read timeout): nothing was started.
+                    refused = e.code not in (ErrorCode.KVLoadBudgetExceeded, ErrorCode.RequestTimeout)
                     if e.code != ErrorCode.KVNoSuchRegion or attempt == 2:
                         raise
                     # The storage server restarted and forgot our region (and so every other): register afresh, retry once.
@@ -158,16 +161,23 @@ class KVGets(SignedRequests):
                 opened.append((resp, frames))
             for r, f in opened:
                 if isinstance(f, DirectFrameStream):
-                    f.close()
+                    # A session connection whose kv-get ended (END or ERROR read) serves the next one; any other closes.
+                    if f.keep is not None and stream is not None and stream.ended and f is opened[-1][1]:
+                        f.keep(f)
+                    else:
+                        f.close()
                 if r is not None:
                     r.release()
             if decodes is not None:
                 await decodes.drain()  # no decode thread still writes into the destination once it is released
-            if dest is not None and stream is not None and not stream._done:  # the server may still write into it
+            # Left before the server's end (its END or ERROR frame, or its refusal of the request): it may still write
+            # into the destination, which another fetch must not get (a client-side deadline or a cancel while the
+            # request was opening counts: the server may have accepted it).
+            if dest is not None and (stream.ended if stream is not None else not refused):
+                destinations.release(dest)
+            elif dest is not None:
                 for region in destinations.abandon(dest):
                     self._unregister_soon(region)
-            elif dest is not None:
-                destinations.release(dest)
 
     async def _open_frames(self, kind: TransportKind, body: bytes, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:
         """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for

@@ -27,6 +27,8 @@ from .direct import CONNECT_TIMEOUT_S, DirectFrameStream
 RENEW_MARGIN_S = 30.0
 # An optional session whose socket could not be reached is tried again after this long (the gateway path meanwhile).
 RETRY_UNREACHABLE_S = 30.0
+# Connections of finished kv-gets kept for the next ones (a connect and the server's accept cost ~0.25 ms a kv-get).
+MAX_IDLE_CONNECTIONS = 2
 
 
 class FastPathUnavailable(Exception):
@@ -59,6 +61,7 @@ class LocalSession:
         self._expires = 0.0
         self._pid = 0
         self._lock = asyncio.Lock()
+        self._idle: list[socket.socket] = []  # session-socket connections whose kv-get ended cleanly
 
     def forget(self) -> None:
         self._grant = None
@@ -79,6 +82,8 @@ class LocalSession:
 
     async def _current(self) -> SessionGrant:
         async with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's connections are the parent's
+                self.close_idle()
             if self._grant is None or self._pid != os.getpid() or time.monotonic() > self._expires - RENEW_MARGIN_S:
                 try:
                     ticket = await self._register()
@@ -100,12 +105,14 @@ class LocalSession:
         for attempt in (1, 2):
             grant = await self._current()
             stream = await self._request(self._socket, RpcRequest(Op.KV_GET, {"session": grant.session, "secret": grant.secret},
-                                                                  len(descriptor)), descriptor)
+                                                                  len(descriptor)), descriptor, reuse=True)
             try:
                 stream.accepted = KVGetAccepted.from_json(decode_reply(await stream._read_line()))
                 return stream
             except S3Error as e:
                 stream.close()
+                if attempt == 1 and stream.reused and e.code in (ErrorCode.RequestTimeout, ErrorCode.ServiceUnavailable):
+                    continue  # a kept connection the server let go of (idle past its request timeout) as we sent
                 if attempt == 2 or e.code != ErrorCode.AccessDenied or "session" not in e.message:
                     raise
                 self.forget()
@@ -114,8 +121,45 @@ class LocalSession:
                 raise
         raise AssertionError("unreachable")
 
-    async def _request(self, path: str, request: RpcRequest, body: bytes) -> DirectFrameStream:
+    def keep(self, stream: DirectFrameStream) -> None:
+        """A kv-get's stream that ended at its END or ERROR frame: its connection serves a later kv-get."""
+        sock = stream.detach()
+        if sock is None:
+            return
+        if self._pid == os.getpid() and len(self._idle) < MAX_IDLE_CONNECTIONS:
+            self._idle.append(sock)
+        else:
+            sock.close()
+
+    def close_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    def _idle_connection(self) -> socket.socket | None:
+        """A kept connection still open with nothing unread (one the server closed, e.g. idle past its request
+        timeout, is dropped)."""
+        while self._idle:
+            sock = self._idle.pop()
+            try:
+                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return sock
+            except OSError:
+                pass
+            sock.close()
+        return None
+
+    async def _request(self, path: str, request: RpcRequest, body: bytes, reuse: bool = False) -> DirectFrameStream:
         loop = asyncio.get_running_loop()
+        kept = self._idle_connection() if reuse else None
+        if kept is not None:
+            try:
+                await loop.sock_sendall(kept, request.encode() + body)
+                stream = DirectFrameStream(kept, self._timeout, keep=self.keep)
+                stream.reused = True
+                return stream
+            except OSError:
+                kept.close()  # gone meanwhile: a new connection below
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -128,4 +172,4 @@ class LocalSession:
                 raise self._step_aside(f"the session socket {path} is not reachable ({type(e).__name__}: {e})", RETRY_UNREACHABLE_S) from None
             raise S3Error(ErrorCode.ServiceUnavailable, f"the storage server's session socket {path} is not reachable "
                           f"({type(e).__name__}: {e})") from None
-        return DirectFrameStream(sock, self._timeout)
+        return DirectFrameStream(sock, self._timeout, keep=self.keep if reuse else None)

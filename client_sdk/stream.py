@@ -151,6 +151,11 @@ class LayerStream:
     def __aiter__(self) -> "LayerStream":
         return self
 
+    @property
+    def ended(self) -> bool:
+        """The stream's END or ERROR frame was read: the server no longer writes into the destination."""
+        return self._done
+
     def layer(self, index: int) -> memoryview:
         return self.payload[index * self.layer_bytes : (index + 1) * self.layer_bytes]
 

@@ -141,7 +141,7 @@ class StorageServer:
             "pid": os.getpid(),
             "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1,
             **self.kv.status(),
-            "local_sessions": self.sessions.registry.status(),
+            "local_sessions": self.sessions.registry.status() | {"connections": self.sessions.connections, "kv_gets": self.sessions.kv_gets},
             **self.chunks.status(),
             **(self.cluster.status() if self.cluster is not None else {}),
             **({"oracle": self.estimator.status()} if self.estimator is not None else {}),

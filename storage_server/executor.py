@@ -46,7 +46,6 @@ from .memory_budget import MemoryBudget
 from .read_path import READ_AHEAD_WINDOW_BYTES, ReadPath, plan_read_path, wanted_bytes
 from .read_plan import ReadPlan, _stats
 from .residency import resident_fraction
-from .thread_priority import idle_priority
 from .transports import Transport
 
 __all__ = ["COLD_FRACTION", "INLINE_GATHER_BYTES", "IOV_MAX", "Executor", "Pacer", "ReadPlan"]
@@ -317,7 +316,7 @@ class Executor(DirectRuns):
         try:
             if split:
                 if self._lane is None:
-                    self._lane = ThreadPoolExecutor(1, thread_name_prefix="kv-gather-lane", initializer=idle_priority)
+                    self._lane = ThreadPoolExecutor(1, thread_name_prefix="kv-gather-lane")  # its priority: gather_lane
                 self.lanes += 1
                 # The first layer is the loop's alone, and the lane starts once its frame is out: the client then wakes on
                 # the idle core at once (with the lane already busy, the kernel queued the woken client behind the

@@ -16,7 +16,10 @@ The lane takes only a core nothing else wants: its thread runs under SCHED_IDLE,
 once the first layer's frame is out. With the lane busy from the start, the kernel placed the
 client, woken by that frame, behind the loop on the loop's core (both cores looked busy), and the
 first layer was seen 2.2-3.4 ms after the request instead of 1.4-1.6 (G256x64); a nice-19 lane did
-the same. With 1 MiB layers the client, woken for every frame, keeps taking the core back, and a
+the same. Where other work keeps every core busy (an engine spinning on them), an idle-priority
+lane would hardly run and the loop would wait on it: a lane the loop has waited on for
+``LANE_PATIENCE_S`` is made a normal thread for the rest of that transfer. (A normal-priority lane
+throughout: G256x64 15.2-15.8 ms against 13.9-14.6.) With 1 MiB layers the client, woken for every frame, keeps taking the core back, and a
 lane lost (below).
 
 Used only where it pays and takes nothing from others (:func:`lane_split`): a warm, mapped,
@@ -37,12 +40,15 @@ import numpy as np
 
 from .decode_pipeline import _settled
 from .gather import INLINE_GATHER_BYTES, _take_run
+from .thread_priority import idle_priority, normal_priority, priority_reversible
 
 # A layer at least this large gets a second lane. With 1 MiB layers the lane lost (G64x64 and G16x256: 7.2-7.8 ms against
 # 4.9-5.6 alone, with or without the loop spinning for it instead of a wake-up): the client, woken for every frame, keeps
 # taking the second core from the lane, which runs only where nothing else would. 2 MiB: 9.3-10.0 against 9.6-10.6 ms;
 # 4 MiB (G256x64): 14.0-14.6 against 16.0-16.9; 8 MiB (G512x64): 23.5-24.4 against 26.6-29.1.
 LANE_MIN_LAYER_BYTES = 2 << 20
+LANE_PATIENCE_S = 0.002  # the loop waits this long for a lagging lane before raising its priority
+REVERSIBLE = priority_reversible()  # else the lane runs at normal priority: idle, it could not be promoted if starved
 LANE_SHARE = 0.5  # of each layer's chunks the lane copies (the loop also sends the frames, the lane wakes once)
 
 
@@ -68,6 +74,8 @@ class GatherLane:
         self._waiter: tuple[int, asyncio.Future[None]] | None = None
         self._stop = False
         self._pool = pool
+        self._tid = 0  # the lane thread's, once it runs
+        self.promoted = False
         self._thread: asyncio.Future[None] | None = None
 
     def start(self) -> None:
@@ -77,6 +85,9 @@ class GatherLane:
 
     def _work(self) -> None:
         rows, first_rows, split, size, checksum = self._args
+        self._tid = threading.get_native_id()
+        if REVERSIBLE:  # again: a transfer before may have promoted this thread
+            idle_priority()
         try:
             for layer in self._layers:
                 if self._stop:
@@ -113,7 +124,18 @@ class GatherLane:
                     raise RuntimeError(f"the gather lane stopped before layer {layer}")
                 fut = self._loop.create_future()
                 self._waiter = (layer, fut)
-            await fut
+            # Starved (other work keeps every core busy: the lane at idle priority hardly runs): promoted to a normal
+            # thread after LANE_PATIENCE_S, so the transfer never waits on idle cycles for long.
+            promote = self._loop.call_later(LANE_PATIENCE_S, self._promote)
+            try:
+                await fut
+            finally:
+                promote.cancel()
+
+    def _promote(self) -> None:
+        if self._tid:
+            normal_priority(self._tid)
+            self.promoted = True
 
     async def close(self) -> None:
         """Stop after the layer being copied and wait for the thread: no copy into the destination after this returns."""

@@ -41,7 +41,7 @@ from .regions import RegionRegistry, ShmBudget
 from .registrations import Registrations, open_pyverbs
 from .rpc_server import Reply, RpcCall
 from .staging import StagingBudget
-from .staging_buffers import StagingBuffers
+from .staging_buffers import MAX_IDLE_BYTES, StagingBuffers
 from .store import ChunkSource, PinFor, PinnedChunks
 from .stream_decode import StreamedCopy
 from .transfer_info import Delegate, Forecast, Forecaster, PacerFactory, Pacers, TransferInfo, TransferObserver, VerbsOpener, log_transfer
@@ -70,7 +70,7 @@ class KVService:
         self.regions = RegionRegistry(ss.max_regions_per_tenant, populate_max_bytes=ss.populate_max_bytes,
                                       shm=ShmBudget(ss.shm_max_bytes_per_tenant, ss.shm_max_bytes))
         self.staging = StagingBudget(ss.http_staging_bytes, ss.http_staging_tenant_share)
-        self.staging_buffers = StagingBuffers()  # http staging kept between kv-gets (per tenant)
+        self.staging_buffers = StagingBuffers(min(MAX_IDLE_BYTES, ss.http_staging_bytes))  # http staging kept between kv-gets
         self.fds = FdBudget()
         copies = zc.copies_budget(config.cache.max_bytes)
         self.copies = DecodedCopies(Path(config.store.data_dir) / "decoded-copies", copies, mapper=chunks.mapper,
@@ -194,7 +194,7 @@ class KVService:
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks, headers), transport, copy_fds)
                 setup_s = time.perf_counter() - arrived
-                stats = await _until_disconnect(call.reader, work)
+                stats = await _until_disconnect(call.reader, work, call.writer)
                 stats.request_id, stats.setup_s = request_id, setup_s
                 stats.paths = pinned.paths or {"local": sum(pinned.sizes)}
                 if via := call.request.fields.get("via"):  # served on a peer's behalf: this node's cache is that node's peer path
@@ -255,7 +255,7 @@ class KVService:
 
         outcome, stats, last = "failed", None, None
         try:
-            stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept))
+            stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept), call.writer)
             if stats is None:
                 return False
             stats.request_id, stats.setup_s = request_id, setup_s
@@ -394,7 +394,7 @@ def _cpus() -> int:
     return os.cpu_count() or 2
 
 
-async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats]) -> TransferStats:
+async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats], writer: asyncio.StreamWriter) -> TransferStats:
     """Run ``work`` but stop it as soon as the peer closes the connection (even while paused), or when the
     caller is cancelled itself (shutdown): ``work`` never outlives this call."""
     task = asyncio.ensure_future(work)
@@ -409,3 +409,9 @@ async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[Transf
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        # The watcher's read ends before the connection's next (a session connection serves another kv-get after this
+        # one: a read still waiting made that one's fail). A byte it took mid-transfer breaks the stream: the client
+        # sends nothing until the END frame, so such a connection is not kept.
+        await asyncio.gather(watcher, return_exceptions=True)
+        if not watcher.cancelled() and watcher.exception() is None and watcher.result():
+            writer.transport.abort()

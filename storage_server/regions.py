@@ -83,6 +83,7 @@ class Region:
     size: int
     in_use: int = field(default=0, kw_only=True)
     last_used: float = field(default_factory=time.monotonic, kw_only=True)
+    retired: bool = field(default=False, kw_only=True)  # unregistered while in use: let go of at its last release
 
     def hold(self) -> None:
         """A transfer writes into the region: it cannot expire or be dropped meanwhile."""
@@ -91,6 +92,8 @@ class Region:
     def release(self) -> None:
         self.in_use -= 1
         self.last_used = time.monotonic()  # idle time counts from the end of the last transfer
+        if self.retired and not self.in_use:
+            self.close()
 
     def close(self) -> None:
         """Let go of the memory."""
@@ -255,7 +258,11 @@ class RegionRegistry:
     def unregister(self, tenant: str, region_id: bytes, token: bytes) -> None:
         region = self.resolve(tenant, region_id, token, 0, 0)
         if region.in_use:
-            raise S3Error(ErrorCode.InvalidRequest, "region has transfers in flight")
+            # An abandoned fetch's region, its transfer still stopping: no new kv-get can name it from now on, and its
+            # memory goes with the transfer's release (refused before, the SDK had no moment it could let go of it).
+            del self._regions[region.region_id]
+            region.retired = True
+            return
         self._drop(region)
 
     def expire(self, idle_s: float, now: float | None = None) -> int:

@@ -62,17 +62,20 @@ class RpcServer:
     open at once; more are answered ``ServiceUnavailable`` and closed. ``check_header``: runs on each
     request line before its body is read, so a request refused there costs no body in memory.
     ``reply_line_limit``: a longer reply goes after a short line announcing it (:func:`~protocol.rpc.encode_reply`);
-    tests lower it to exercise that framing with small replies."""
+    tests lower it to exercise that framing with small replies. ``keep_after_stream``: a connection whose streamed
+    reply ended (the handler returned with its peer still connected) serves the peer's next request, even with
+    ``single_request`` (the session socket: an engine's kv-gets reuse one connection instead of connecting each time)."""
 
     def __init__(self, handlers: Mapping[Op, RpcHandler], max_body: int, request_timeout_s: float | None = None,
                  single_request: bool = False, max_connections: int | None = None,
-                 check_header: HeaderCheck | None = None, line_limit: int = MAX_REQUEST_LINE) -> None:
+                 check_header: HeaderCheck | None = None, line_limit: int = MAX_REQUEST_LINE, keep_after_stream: bool = False) -> None:
         self.handlers = dict(handlers)
         self.line_limit = line_limit  # the longest request line (also what a connection may buffer before it)
         self.reply_line_limit = MAX_REPLY_LINE
         self.max_body = max_body
         self.request_timeout_s = request_timeout_s
         self.single_request = single_request
+        self.keep_after_stream = keep_after_stream
         self.max_connections = max_connections
         self.check_header = check_header
         self.connections = 0
@@ -173,6 +176,8 @@ class RpcServer:
                     break
                 out = await self._answer(read, reader, writer)
                 if out is None:
+                    if self.keep_after_stream and not writer.is_closing() and not reader.at_eof():
+                        continue
                     break  # streamed; one streaming request per connection
                 writer.write(out)
                 await writer.drain()

@@ -9,7 +9,8 @@ reuses the same two buffers.
 Kept buffers are reused only by the same tenant (a buffer holds what it last staged, and no tenant
 may be handed memory with another's bytes in it), only when nothing queued for the socket still
 refers to them (a transfer that ended with data unsent drops its buffers), and within
-``max_idle_bytes`` all together (the least recently returned go first). Sizes are rounded up to a
+``max_idle_bytes`` all together (the least recently returned go first; at most
+``storage_server.http_staging_bytes``). Sizes are rounded up to a
 whole MiB so that kv-gets of nearby shapes share them.
 """
 

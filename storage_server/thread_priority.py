@@ -23,3 +23,22 @@ def idle_priority() -> None:
         os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):
         lowest_priority()
+
+
+def normal_priority(tid: int) -> None:
+    """Thread ``tid`` back under SCHED_OTHER at nice 0 (Linux; elsewhere a no-op)."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def priority_reversible() -> bool:
+    """Whether this process may raise a thread it lowered back to nice 0 (root, or RLIMIT_NICE allowing nice 0)."""
+    try:
+        import resource
+
+        return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+    except (OSError, AttributeError, ImportError):
+        return False

@@ -132,3 +132,34 @@ def test_a_session_ends_with_its_bucket(server, tenants, s3, s3_bob):
             assert e.value.code.name == "AccessDenied" and c._local._grant is None
 
     run(scenario())
+
+
+def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(server, tenants, stored):
+    """A kv-get that ended (END, or an ERROR frame) leaves its connection for the next one; a connection the server
+    closed meanwhile is dropped and a new one made, with the kv-get unharmed."""
+    bucket, layout, keys, chunks = stored
+    want = reference(layout, chunks)
+    status = lambda: rpc(server.rpc_socket, "status")["local_sessions"]  # noqa: E731
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            await c.fetch(keys, layout, "shm")  # the session registered, one connection kept
+            before = status()
+            for _ in range(5):
+                payload, _ = await c.fetch(keys, layout, "shm")
+                assert np.array_equal(payload, want)
+            with pytest.raises(ObjectCacheError) as e:  # refused before any byte moved: that connection is closed
+                await c.fetch([*keys[:3], "local-session/not-stored"], layout, "shm")
+            assert e.value.code.name == "NoSuchKey"
+            payload, _ = await c.fetch(keys, layout, "shm")
+            assert np.array_equal(payload, want)
+            after = status()
+            assert after["kv_gets"] - before["kv_gets"] == 7
+            assert after["connections"] - before["connections"] == 1, (before, after)  # only after the refusal
+            for sock in c._local._idle:  # kept connections that read as closed (as one the server let go of when idle)
+                sock.shutdown(2)
+            payload, _ = await c.fetch(keys, layout, "shm")
+            assert np.array_equal(payload, want)
+            assert status()["connections"] - after["connections"] == 1
+
+    run(scenario())

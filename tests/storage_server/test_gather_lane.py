@@ -4,6 +4,10 @@ leaves no lane copying into its region."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -95,7 +99,7 @@ def test_a_warm_shm_kv_get_of_4_mib_layers_is_gathered_with_a_lane_byte_exact(tm
                     payload, stats = await c.fetch(keys, LAYOUT, "shm", mode="layerwise", verify=verify)
                     assert np.array_equal(payload, want)
                 lanes = rpc(str(sock), "status")["gather_lanes"] - before
-                assert lanes >= 1, "no warm kv-get of 4 MiB layers took a lane"
+                assert lanes >= 1 or (os.cpu_count() or 1) < 2, "no warm kv-get of 4 MiB layers took a lane"
                 # A client that leaves after the first layer: the lane is stopped before the region is given back,
                 # and the next kv-get into the same memory is whole.
                 async with c.fetch_layers(keys, LAYOUT, "shm", mode="layerwise") as layers:
@@ -107,3 +111,54 @@ def test_a_warm_shm_kv_get_of_4_mib_layers_is_gathered_with_a_lane_byte_exact(tm
                 assert status["transfers_active"] == [] and status["transfer_fds"]["held_fds"] == 0, status
 
         run(scenario())
+
+
+def test_a_lane_the_loop_waits_on_is_promoted_to_a_normal_thread():
+    """An idle-priority lane starved by busy cores would hold the transfer: past LANE_PATIENCE_S it runs at normal priority."""
+    rows, first_rows = _arena(4, 2, 4096, seed=3)
+    dest = np.zeros((2, 2, 4096), np.uint8)
+
+    def slow_buffer(layer: int) -> memoryview:
+        time.sleep(0.05)  # the lane lags far behind the loop's patience
+        return memoryview(dest[layer]).cast("B")
+
+    async def scenario() -> GatherLane:
+        with ThreadPoolExecutor(1) as pool:
+            lane = GatherLane(pool, rows, first_rows, 2, range(2), 4096, slow_buffer, False)
+            try:
+                await lane.crc(0)
+                return lane
+            finally:
+                await lane.close()
+
+    lane = run(scenario())
+    assert lane.promoted
+    assert np.array_equal(dest[0], rows[first_rows[:2]])
+
+
+def test_a_cancelled_transfer_returns_only_once_its_lane_wrote_its_last_byte():
+    rows, first_rows = _arena(4, 4, 4096, seed=4)
+    dest = np.zeros((4, 2, 4096), np.uint8)
+    entered, release = threading.Event(), threading.Event()
+
+    def held_buffer(layer: int) -> memoryview:
+        if layer == 1:
+            entered.set()
+            release.wait(30)  # the lane is mid-layer when the transfer is cancelled
+        return memoryview(dest[layer]).cast("B")
+
+    async def scenario() -> bool:
+        with ThreadPoolExecutor(1) as pool:
+            lane = GatherLane(pool, rows, first_rows, 2, range(4), 4096, held_buffer, False)
+            lane.start()
+            await asyncio.to_thread(entered.wait, 30)
+            closing = asyncio.ensure_future(lane.close())
+            await asyncio.sleep(0.05)
+            returned_early = closing.done()
+            release.set()
+            await closing
+            return returned_early
+
+    assert not run(scenario()), "close() returned while the lane was still copying"
+    assert np.array_equal(dest[1], rows[first_rows[:2] + 1])  # the layer it was in finished
+    assert not dest[2].any() and not dest[3].any()  # and it stopped there

@@ -169,3 +169,19 @@ def test_a_region_dropped_while_a_cut_transfer_still_holds_a_slice_closes_withou
     gone = weakref.ref(mm)
     del held, region, mm
     assert gone() is None  # nothing else kept the mapping
+
+
+def test_a_region_unregistered_while_a_transfer_writes_into_it_goes_when_that_transfer_lets_go(segments):
+    """An abandoned fetch's SDK unregisters its region while the transfer is still stopping: no kv-get can name it from
+    then on, and its memory is let go of at the transfer's release (refused before, the region stayed until it expired)."""
+    registry = RegionRegistry()
+    region = register(registry, segments())
+    region.hold()
+    registry.unregister("t", region.region_id, region.token)
+    assert len(registry) == 0
+    with pytest.raises(S3Error) as e:
+        registry.resolve("t", region.region_id, region.token, 0, 1)
+    assert e.value.code.name == "KVNoSuchRegion"
+    assert not region.mm.closed  # the transfer still writes into it
+    region.release()
+    assert region.mm.closed

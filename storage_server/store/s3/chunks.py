@@ -198,15 +198,15 @@ class S3ChunkSource(ChunkSource):
         done = self._inflight[cid] = asyncio.get_running_loop().create_future()
         try:
             for _ in range(FETCH_TRIES):
-                await self.fetches.fetch(bucket, key, cid, tenant)  # pinned from its commit on
-                if cid not in self._stale_claims:
-                    return True
-                # Overwritten or deleted through this node during the GET: what arrived may be the old bytes, and it
-                # replaced whatever the write cached. Dropped and fetched again, so the cache never serves a version
-                # older than a write this node acknowledged (a delete: the next GET answers NoSuchKey).
+                # Overwritten or deleted through this node during the GET: what arrived may be the old bytes. They are
+                # never committed (committed, another kv-get could be served them before they were dropped, and they
+                # would replace what the write cached); the chunk is fetched again (a delete: NoSuchKey).
+                if await self.fetches.fetch(bucket, key, cid, tenant, lambda: cid in self._stale_claims):
+                    return True  # pinned from its commit on; a write after the commit drops it as for any cached chunk
                 self._stale_claims.discard(cid)
-                self.files.policy.unpin([cid])
-                self.files.drop(cid)
+                if self.files.size(cid) is not None:  # the write cached its own bytes meanwhile
+                    self.files.policy.pin([cid])
+                    return False
             raise S3Error(ErrorCode.ServiceUnavailable, f"chunk {key!r} changed {FETCH_TRIES} times while it was fetched; retry.",
                           f"/{bucket}/{key}")
         finally:

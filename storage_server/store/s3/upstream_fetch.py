@@ -24,6 +24,10 @@ WRITE_PIECE = 1 << 20  # a fetched chunk's bytes per write (a thread hop each)
 FED_PIECE = 1 << 18  # ... while a decoder is fed as it streams in (its layers reach the decoders sooner)
 
 
+class _Overtaken(Exception):
+    """A write through this node overtook the GET: its bytes are not committed."""
+
+
 class UpstreamFetches:
     """The capacity tier's GETs of missing chunks into its cache."""
 
@@ -38,8 +42,9 @@ class UpstreamFetches:
         self.bytes_per_s: float | None = None
         self._fetching, self._period_bytes, self._period_start = 0, 0, 0.0
 
-    async def fetch(self, bucket: str, key: str, cid: str, tenant: str = "") -> None:
-        """``key`` from the upstream into the cache as ``cid``, committed pinned (the caller's pin)."""
+    async def fetch(self, bucket: str, key: str, cid: str, tenant: str = "", stale: Callable[[], bool] | None = None) -> bool:
+        """``key`` from the upstream into the cache as ``cid``, committed pinned (the caller's pin); False, with nothing
+        committed, where ``stale()`` says a write through this node overtook the GET (its bytes may be the old ones)."""
         resource = f"/{bucket}/{key}"
         resp = await self.up.get(bucket, key, resource=resource)
         body = resp["Body"]
@@ -72,6 +77,15 @@ class UpstreamFetches:
                 self._receiving(-1)
             if tmp.stat().st_size != size:
                 raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store sent a short chunk; retry.", resource)
+            if stale is not None and stale():
+                raise _Overtaken
+        except _Overtaken:
+            body.close()
+            self.files.unreserve(size)
+            tmp.unlink(missing_ok=True)
+            if feed is not None:
+                feed.abandon()
+            return False
         except BaseException:
             body.close()
             self.files.unreserve(size)
@@ -90,6 +104,7 @@ class UpstreamFetches:
             except BaseException:
                 self.files.policy.unpin([cid])
                 raise
+        return True
 
     def _receiving(self, delta: int) -> None:
         """A fetch starts (+1) or stops (-1) receiving; a period with any receiving ends: its rate joins the average."""
