@@ -79,19 +79,14 @@ class UpstreamFetches:
                 raise S3Error(ErrorCode.ServiceUnavailable, "The upstream store sent a short chunk; retry.", resource)
             if stale is not None and stale():
                 raise _Overtaken
-        except _Overtaken:
+        except BaseException as e:
             body.close()
             self.files.unreserve(size)
             tmp.unlink(missing_ok=True)
             if feed is not None:
                 feed.abandon()
-            return False
-        except BaseException:
-            body.close()
-            self.files.unreserve(size)
-            tmp.unlink(missing_ok=True)
-            if feed is not None:
-                feed.abandon()
+            if isinstance(e, _Overtaken):
+                return False
             raise
         path = self.files.commit(cid, tmp, size, etag, tenant=tenant)
         # Pinned as it is committed: while the decoder finishes on a thread below, another kv-get's reservation could

@@ -10,6 +10,7 @@ until the copy was next revalidated (a minute by default).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import threading
@@ -47,25 +48,36 @@ def read(pinned) -> bytes:
     return os.pread(handle.fd, CHUNK, handle.offset)
 
 
-def test_a_fetch_overtaken_by_a_delete_and_a_new_write_caches_the_new_bytes(tmp_path: Path):
+@contextlib.asynccontextmanager
+async def held_fetch(tmp_path: Path):
+    """A capacity tier over moto whose kv-get of ``k0`` (b"\x01"s, in the upstream only) has its bytes in and is held
+    before their commit; yields (store, chunk source, k0's cache id, the feed holding it, the pin)."""
     moto = shared_moto(Path(tempfile.gettempdir()))
     moto.reset()
     config_path = tmp_path / "store.toml"
     config_path.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\nbackend = "s3"\n{moto.config()}\n')
     config = load_config(config_path, env={})
+    store = open_object_store(config)
+    chunks = open_chunk_source(config, store)
+    feed = HeldFeed()
+    try:
+        await store.create_bucket("kvs", "alice", "us-east-1")
+        await chunks.put_chunks("kvs", [("k0", memoryview(b"\x01" * CHUNK))], "alice")
+        cid = chunks.cached_size(await store.bucket_id("kvs"), "k0")[0]
+        chunks.files.drop(cid)  # k0: in the upstream only
+        chunks.decode_while_fetching(lambda key, tenant, size, rate: feed)
+        pin = asyncio.ensure_future(chunks.pin("kvs", ["k0"]))
+        assert await asyncio.to_thread(feed.arrived.wait, 30), "k0 was never fetched"
+        yield store, chunks, cid, feed, pin
+    finally:
+        feed.go.set()
+        await chunks.close()
+        await store.close()
 
+
+def test_a_fetch_overtaken_by_a_delete_and_a_new_write_caches_the_new_bytes(tmp_path: Path):
     async def scenario() -> None:
-        store = open_object_store(config)
-        chunks = open_chunk_source(config, store)
-        feed = HeldFeed()
-        try:
-            await store.create_bucket("kvs", "alice", "us-east-1")
-            await chunks.put_chunks("kvs", [("k0", memoryview(b"\x01" * CHUNK))], "alice")
-            cid = chunks.cached_size(await store.bucket_id("kvs"), "k0")[0]
-            chunks.files.drop(cid)  # k0: in the upstream only
-            chunks.decode_while_fetching(lambda key, tenant, size, rate: feed)
-            pin = asyncio.ensure_future(chunks.pin("kvs", ["k0"]))
-            assert await asyncio.to_thread(feed.arrived.wait, 30), "k0 was never fetched"
+        async with held_fetch(tmp_path) as (store, chunks, cid, feed, pin):
             await store.delete_object("kvs", "k0")  # the old bytes are in the GET's temp file, not committed yet
             await chunks.put_chunks("kvs", [("k0", memoryview(b"\x02" * CHUNK))], "alice")
             feed.go.set()
@@ -83,33 +95,13 @@ def test_a_fetch_overtaken_by_a_delete_and_a_new_write_caches_the_new_bytes(tmp_
                 pinned.release()
             assert chunks.fetches.fetched == 0
             assert chunks.files.policy.pinned_bytes == 0
-        finally:
-            feed.go.set()
-            await chunks.close()
-            await store.close()
 
     asyncio.run(scenario())
 
 
 def test_a_fetch_overtaken_by_a_delete_answers_no_such_key(tmp_path: Path):
-    moto = shared_moto(Path(tempfile.gettempdir()))
-    moto.reset()
-    config_path = tmp_path / "store.toml"
-    config_path.write_text(f'[store]\ndata_dir = "{tmp_path / "data"}"\nbackend = "s3"\n{moto.config()}\n')
-    config = load_config(config_path, env={})
-
     async def scenario() -> None:
-        store = open_object_store(config)
-        chunks = open_chunk_source(config, store)
-        feed = HeldFeed()
-        try:
-            await store.create_bucket("kvs", "alice", "us-east-1")
-            await chunks.put_chunks("kvs", [("k0", memoryview(b"\x01" * CHUNK))], "alice")
-            cid = chunks.cached_size(await store.bucket_id("kvs"), "k0")[0]
-            chunks.files.drop(cid)
-            chunks.decode_while_fetching(lambda key, tenant, size, rate: feed)
-            pin = asyncio.ensure_future(chunks.pin("kvs", ["k0"]))
-            assert await asyncio.to_thread(feed.arrived.wait, 30), "k0 was never fetched"
+        async with held_fetch(tmp_path) as (store, chunks, cid, feed, pin):
             await store.delete_object("kvs", "k0")
             feed.go.set()
             try:
@@ -119,9 +111,5 @@ def test_a_fetch_overtaken_by_a_delete_answers_no_such_key(tmp_path: Path):
             else:
                 raise AssertionError("a kv-get of a chunk deleted during its fetch was served")
             assert chunks.files.size(cid) is None and chunks.files.policy.pinned_bytes == 0 and chunks.fetches.fetched == 0
-        finally:
-            feed.go.set()
-            await chunks.close()
-            await store.close()
 
     asyncio.run(scenario())
