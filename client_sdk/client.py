@@ -160,6 +160,8 @@ class ObjectCacheClient(KVGets, RdmaGets, Registrations):
         await self.close()
 
     async def close(self) -> None:
+        if self._local is not None:
+            self._local.close_idle()
         if self._unregistering:
             await asyncio.gather(*self._unregistering, return_exceptions=True)
         for r in [r for d in self._destinations.values() for r in d.close()]:

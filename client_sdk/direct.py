@@ -33,6 +33,7 @@ class DirectFrameStream:
         # Where a stream that ended cleanly gives its connection back (the session socket's kept connections).
         self.keep = keep
         self.reused = False  # on a connection an earlier request used
+        self.closed_unanswered = False  # the peer closed before any reply line
         self._timeout = read_timeout
         self._pending = memoryview(b"")
         self._burst = memoryview(bytearray(FRAME_BURST))
@@ -143,6 +144,7 @@ class DirectFrameStream:
                 raise S3Error(ErrorCode.InternalError, "the data endpoint's reply line is too long")
             n = await self._recv_into(chunk)
             if not n:
+                self.closed_unanswered = True
                 raise S3Error(ErrorCode.ServiceUnavailable, "The data endpoint closed the connection before answering.")
             buf += chunk[:n]
         self._pending = memoryview(bytes(buf[end + 1 :]))

@@ -173,7 +173,7 @@ class KVGets(SignedRequests):
             # Left before the server's end (its END or ERROR frame, or its refusal of the request): it may still write
             # into the destination, which another fetch must not get (a client-side deadline or a cancel while the
             # request was opening counts: the server may have accepted it).
-            if dest is not None and (stream.ended if stream is not None else not refused):
+            if dest is not None and (stream.ended if stream is not None else refused):
                 destinations.release(dest)
             elif dest is not None:
                 for region in destinations.abandon(dest):

@@ -111,8 +111,12 @@ class LocalSession:
                 return stream
             except S3Error as e:
                 stream.close()
-                if attempt == 1 and stream.reused and e.code in (ErrorCode.RequestTimeout, ErrorCode.ServiceUnavailable):
-                    continue  # a kept connection the server let go of (idle past its request timeout) as we sent
+                # A kept connection the server let go of as we sent (idle past its request timeout: its RequestTimeout
+                # line, or closed unread): this kv-get never ran, so it is sent once more on a new connection. Not
+                # after this process's own read timeout (the server may still be running it).
+                if attempt == 1 and stream.reused and not stream.broken and (
+                        e.code is ErrorCode.RequestTimeout or stream.closed_unanswered):
+                    continue
                 if attempt == 2 or e.code != ErrorCode.AccessDenied or "session" not in e.message:
                     raise
                 self.forget()

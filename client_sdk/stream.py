@@ -262,10 +262,11 @@ class LayerStream:
                 if self._next != self.num_layers:
                     raise S3Error(ErrorCode.InternalError, f"END after {self._next} of {self.num_layers} layers")
             elif frame.type == FrameType.ERROR:
-                self._done = True
+                error = S3Error.from_dict(await self._frames.read_json(frame))
+                self._done = True  # only once its payload is read: a kept connection must carry nothing unread
                 if self._decodes is not None:
                     await asyncio.gather(*self._decodes.pending, return_exceptions=True)
-                raise S3Error.from_dict(await self._frames.read_json(frame))
+                raise error
         raise StopAsyncIteration
 
     async def _packed(self, frame: Frame) -> tuple[int, memoryview]:

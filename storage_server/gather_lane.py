@@ -85,9 +85,10 @@ class GatherLane:
 
     def _work(self) -> None:
         rows, first_rows, split, size, checksum = self._args
-        self._tid = threading.get_native_id()
-        if REVERSIBLE:  # again: a transfer before may have promoted this thread
-            idle_priority()
+        with self._lock:  # (a promotion asked for before this thread ran, or while it starts, is not lost)
+            self._tid = threading.get_native_id()
+            if REVERSIBLE and not self.promoted:  # again: a transfer before may have promoted this thread
+                idle_priority()
         try:
             for layer in self._layers:
                 if self._stop:
@@ -133,9 +134,10 @@ class GatherLane:
                 promote.cancel()
 
     def _promote(self) -> None:
-        if self._tid:
-            normal_priority(self._tid)
+        with self._lock:
             self.promoted = True
+            if self._tid:  # else not running yet (queued behind the transfer before): it starts at normal priority
+                normal_priority(self._tid)
 
     async def close(self) -> None:
         """Stop after the layer being copied and wait for the thread: no copy into the destination after this returns."""

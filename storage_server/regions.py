@@ -83,7 +83,9 @@ class Region:
     size: int
     in_use: int = field(default=0, kw_only=True)
     last_used: float = field(default_factory=time.monotonic, kw_only=True)
-    retired: bool = field(default=False, kw_only=True)  # unregistered while in use: let go of at its last release
+    retired: bool = field(default=False, kw_only=True)  # unregistered while in use: no kv-get may name it any more
+    # Set on retiring: drops it from its registry at its last release (until then its bytes still count for its tenant).
+    when_idle: Callable[[], None] | None = field(default=None, kw_only=True, repr=False)
 
     def hold(self) -> None:
         """A transfer writes into the region: it cannot expire or be dropped meanwhile."""
@@ -92,8 +94,8 @@ class Region:
     def release(self) -> None:
         self.in_use -= 1
         self.last_used = time.monotonic()  # idle time counts from the end of the last transfer
-        if self.retired and not self.in_use:
-            self.close()
+        if self.retired and not self.in_use and self.when_idle is not None:
+            self.when_idle()
 
     def close(self) -> None:
         """Let go of the memory."""
@@ -242,7 +244,7 @@ class RegionRegistry:
     def resolve(self, tenant: str, region_id: bytes, token: bytes, offset: int, length: int, kind: type[R] = Region) -> R:  # type: ignore[assignment]
         """The region a capability names, if it is the caller's, of ``kind`` (the transport's) and the range fits."""
         region = self._regions.get(region_id)
-        if region is None or not isinstance(region, kind):
+        if region is None or not isinstance(region, kind) or region.retired:
             raise S3Error(ErrorCode.KVNoSuchRegion, extra={"Field": "target.region_id"})
         if region.tenant != tenant or not hmac.compare_digest(region.token, token):
             raise S3Error(ErrorCode.AccessDenied, "the capability does not grant access to this region", extra={"Field": "target.token"})
@@ -258,10 +260,11 @@ class RegionRegistry:
     def unregister(self, tenant: str, region_id: bytes, token: bytes) -> None:
         region = self.resolve(tenant, region_id, token, 0, 0)
         if region.in_use:
-            # An abandoned fetch's region, its transfer still stopping: no new kv-get can name it from now on, and its
-            # memory goes with the transfer's release (refused before, the SDK had no moment it could let go of it).
-            del self._regions[region.region_id]
+            # An abandoned fetch's region, its transfer still stopping: no new kv-get can name it from now on, and it is
+            # dropped at the transfer's release (refused before, the SDK had no moment it could let go of it). Until
+            # then it stays in the table: its bytes still count for the tenant's limits.
             region.retired = True
+            region.when_idle = lambda: self._drop(region) if self._regions.get(region.region_id) is region else None
             return
         self._drop(region)
 

@@ -135,8 +135,8 @@ def test_a_session_ends_with_its_bucket(server, tenants, s3, s3_bob):
 
 
 def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(server, tenants, stored):
-    """A kv-get that ended (END, or an ERROR frame) leaves its connection for the next one; a connection the server
-    closed meanwhile is dropped and a new one made, with the kv-get unharmed."""
+    """A kv-get that ended (its END frame) leaves its connection for the next one; one refused with an error line closes
+    it; a kept connection that reads as closed is dropped and a new one made, with the kv-get unharmed."""
     bucket, layout, keys, chunks = stored
     want = reference(layout, chunks)
     status = lambda: rpc(server.rpc_socket, "status")["local_sessions"]  # noqa: E731
@@ -148,9 +148,12 @@ def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(serve
             for _ in range(5):
                 payload, _ = await c.fetch(keys, layout, "shm")
                 assert np.array_equal(payload, want)
+            regions = rpc(server.rpc_socket, "status")["regions"]
             with pytest.raises(ObjectCacheError) as e:  # refused before any byte moved: that connection is closed
                 await c.fetch([*keys[:3], "local-session/not-stored"], layout, "shm")
             assert e.value.code.name == "NoSuchKey"
+            # Refused, the kv-get wrote nothing: its region goes back to the pool, not retired (the next fetch uses it).
+            assert rpc(server.rpc_socket, "status")["regions"] == regions
             payload, _ = await c.fetch(keys, layout, "shm")
             assert np.array_equal(payload, want)
             after = status()
@@ -161,5 +164,6 @@ def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(serve
             payload, _ = await c.fetch(keys, layout, "shm")
             assert np.array_equal(payload, want)
             assert status()["connections"] - after["connections"] == 1
+            assert rpc(server.rpc_socket, "status")["regions"] == regions
 
     run(scenario())

@@ -71,6 +71,9 @@ async def held_fetch(tmp_path: Path):
         yield store, chunks, cid, feed, pin
     finally:
         feed.go.set()
+        if "pin" in locals() and not pin.done():  # the test failed before it: no pin left pending
+            pin.cancel()
+            await asyncio.gather(pin, return_exceptions=True)
         await chunks.close()
         await store.close()
 
