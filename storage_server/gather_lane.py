@@ -12,15 +12,16 @@ layer ℓ, then waits for the lane's part of ℓ only if the lane is behind, wok
 ``call_soon_threadsafe`` (never a blocking wait on the loop). A layer is ready when both parts
 are in place; its CRC32C is the lane's part combined with the loop's, in order.
 
-The lane takes only a core nothing else wants: its thread runs under SCHED_IDLE, and it starts
-once the first layer's frame is out. With the lane busy from the start, the kernel placed the
+The lane takes only a core nothing else wants: its thread runs under SCHED_IDLE (where the process
+may undo that: root, or RLIMIT_NICE; else at normal priority), and it starts once the first
+layer's frame is out. With the lane busy from the start, the kernel placed the
 client, woken by that frame, behind the loop on the loop's core (both cores looked busy), and the
 first layer was seen 2.2-3.4 ms after the request instead of 1.4-1.6 (G256x64); a nice-19 lane did
 the same. Where other work keeps every core busy (an engine spinning on them), an idle-priority
 lane would hardly run and the loop would wait on it: a lane the loop has waited on for
 ``LANE_PATIENCE_S`` is made a normal thread for the rest of that transfer. (A normal-priority lane
-throughout: G256x64 15.2-15.8 ms against 13.9-14.6.) With 1 MiB layers the client, woken for every frame, keeps taking the core back, and a
-lane lost (below).
+throughout: G256x64 15.2-15.8 ms against 13.9-14.6.) With 1 MiB layers the client, woken for every
+frame, keeps taking the core back, and a lane lost (below).
 
 Used only where it pays and takes nothing from others (:func:`lane_split`): a warm, mapped,
 raw transfer, unpaced (a lane running ahead would outrun a pacer's schedule), with layers of
