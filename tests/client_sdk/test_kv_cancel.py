@@ -159,3 +159,38 @@ def test_a_region_left_mid_transfer_is_never_lent_to_another_fetch(gated_node, t
             assert rpc(server.rpc_socket, "status")["regions"] == regions, "the retired region was never unregistered"
 
     run(scenario())
+
+
+def test_a_fetch_given_up_while_its_request_was_opening_retires_its_region(gated_node, tenants):
+    """Past its client-side load budget before the node's answer, the kv-get may still have been accepted: its region is
+    retired like one left mid-stream. One the node refused (NoSuchKey) wrote nothing, and its region is reused."""
+    server = gated_node
+    bucket = "kv-cancel-opening"
+    boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
+    layout = tiny_layout(16)
+    keys = keys_for(layout, 50, "opening")
+
+    def address(view) -> int:
+        return np.frombuffer(view, np.uint8).ctypes.data
+
+    async def fetched_into(c) -> int:
+        async with c.fetch_layers(keys, layout, transport="shm", mode="layerwise") as layers:
+            async for _ in layers:
+                pass
+            return address(layers.payload)
+
+    async def scenario():
+        async with client(server, tenants["alice"], bucket) as c:
+            await c.put_chunks(keys, make_chunks(layout, 50, seed=10), layout)
+            first = await fetched_into(c)
+            assert await fetched_into(c) == first  # an idle region is reused
+            with pytest.raises(ObjectCacheError) as e:
+                await c.fetch([*keys[:5], "opening/not-stored"], layout, "shm")
+            assert e.value.code.name == "NoSuchKey"
+            assert await fetched_into(c) == first  # refused: nothing was written, the region stays in use
+            with pytest.raises(ObjectCacheError) as e:
+                await c.fetch(keys, layout, "shm", load_budget_s=1e-6)  # given up before the node could answer
+            assert e.value.code.name == "KVLoadBudgetExceeded"
+            assert await fetched_into(c) != first, "a region the node may still write into was lent to the next fetch"
+
+    run(scenario())
