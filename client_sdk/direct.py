@@ -77,19 +77,21 @@ class DirectFrameStream:
     def detach(self) -> socket.socket | None:
         """The socket, for another request, if this stream ended at a frame boundary with nothing unread (else None:
         closed); the stream is not used again."""
-        loop, self._watching = self._watching, None
-        if loop is not None and not loop.is_closed() and self._sock.fileno() >= 0:
-            loop.remove_reader(self._sock.fileno())
         if self._pending or self._eof or self.broken or self._sock.fileno() < 0:
-            self._sock.close()
+            self.close()
             return None
+        self._unwatch()
         return self._sock
 
     def close(self) -> None:
+        self._unwatch()
+        self._sock.close()
+
+    def _unwatch(self) -> None:
+        """The socket's reader off the loop it was registered with."""
         loop, self._watching = self._watching, None
         if loop is not None and not loop.is_closed() and self._sock.fileno() >= 0:
             loop.remove_reader(self._sock.fileno())
-        self._sock.close()
 
     async def _readable(self) -> None:
         """Until the socket has bytes. The reader stays registered while each wait begins before the next bytes arrive

@@ -124,6 +124,11 @@ def test_kv_status_shows_a_tenant_its_own_transfers_and_nothing_of_the_host(gate
     run(scenario())
 
 
+
+def address(view) -> int:
+    """Where a fetch's payload lies: two fetches into one region have the same."""
+    return np.frombuffer(view, np.uint8).ctypes.data
+
 def test_a_region_left_mid_transfer_is_never_lent_to_another_fetch(gated_node, tenants):
     """The server stops an abandoned transfer only at its next layer, and its read threads finish the piece they copy:
     the region it wrote into is retired (unregistered once the transfer lets go of it), never handed to the next fetch,
@@ -133,9 +138,6 @@ def test_a_region_left_mid_transfer_is_never_lent_to_another_fetch(gated_node, t
     boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
     layout = tiny_layout(16)
     keys = keys_for(layout, 200, "retire")
-
-    def address(view) -> int:
-        return np.frombuffer(view, np.uint8).ctypes.data
 
     async def scenario():
         async with client(server, tenants["alice"], bucket) as c:
@@ -169,9 +171,6 @@ def test_a_fetch_given_up_while_its_request_was_opening_retires_its_region(gated
     boto_client(server.endpoint, tenants["alice"]).create_bucket(Bucket=bucket)
     layout = tiny_layout(16)
     keys = keys_for(layout, 50, "opening")
-
-    def address(view) -> int:
-        return np.frombuffer(view, np.uint8).ctypes.data
 
     async def fetched_into(c) -> int:
         async with c.fetch_layers(keys, layout, transport="shm", mode="layerwise") as layers:
