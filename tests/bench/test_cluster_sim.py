@@ -39,6 +39,14 @@ def test_a_late_flow_takes_its_share_and_gives_it_back():
     assert done == pytest.approx({"short": 2.0, "long": 2.5})
 
 
+
+def test_a_flow_that_ends_within_the_tolerance_counts_its_last_bytes_as_carried():
+    """Flows finish with up to EPS_BYTES left; those bytes count for the link (hypothesis found 5.10078 of 5.10156)."""
+    flows = [(0.0, (0,), 1.0, math.inf)] * 3 + [(0.0, (0,), 0.1015625, math.inf), (0.0, (1,), 1.0, math.inf),
+                                                (1.0, (0,), 1.0, math.inf), (0.015625, (0,), 1.0, math.inf)]
+    _, fabric = finish_times([1.0, 2.0, 5.0, 0.5], dict(enumerate(flows)))
+    assert fabric.busy_bytes[0] == pytest.approx(5.1015625, rel=1e-9)
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 5), st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True),
                           st.floats(0.1, 50), st.sampled_from([math.inf, 0.5, 2.0])), min_size=1, max_size=12))
