@@ -90,7 +90,8 @@ def _mapped_rows(mapped: list[MappedSlot | None], offsets: list[int], size: int)
 def _stats(plan: ReadPlan, timeline: list[list[float]], read_s: float, deliver_s: float, started: float, first_layer_s: float) -> TransferStats:
     """The END frame's report of a transfer that started at ``started``."""
     return TransferStats(
-        layer_timeline=[[round(t, 6) for t in times] for times in timeline],
+        # To the microsecond in one numpy call: round() per value was 51 µs of a 32-layer kv-get's time to its END (timeit).
+        layer_timeline=np.round(np.array(timeline, dtype=np.float64), 6).tolist() if timeline else [],
         mode=plan.mode.name.lower(),
         payload_bytes=plan.descriptor.payload_bytes,
         storage_read_s=read_s,

@@ -95,9 +95,13 @@ class TransferStats:
     def to_json(self) -> dict:
         """The fields as they are (every one is already JSON: numbers, strings, lists, dicts); the END frame encodes them at
         once. ``dataclasses.asdict`` deep-copied the per-layer timeline first (3% of a G64x64 kv-get's loop time, py-spy)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _STATS_FIELDS}
 
     @classmethod
     def from_json(cls, d: dict) -> "TransferStats":
-        known = {f.name for f in dataclasses.fields(cls)}
+        """The fields this side knows (a newer server may send more)."""
+        known = _STATS_FIELDS
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_STATS_FIELDS = tuple(f.name for f in dataclasses.fields(TransferStats))  # every END frame's: looked up once

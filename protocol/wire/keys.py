@@ -56,8 +56,12 @@ class _KeyMemo:
         return None
 
     def put(self, raw: Any, value: Any, count: int) -> None:
-        if count > self.keys or raw in self._memo:
+        """Remember ``value`` under ``raw`` (replacing what was there)."""
+        if count > self.keys:
             return
+        old = self._memo.pop(raw, None)
+        if old is not None:
+            self._held -= old[1]
         self._memo[raw] = (value, count)
         self._held += count
         while len(self._memo) > self.lists or self._held > self.keys:
@@ -66,6 +70,9 @@ class _KeyMemo:
 
 _KEY_MEMO = _KeyMemo()
 _ENCODED_MEMO = _KeyMemo()  # a client fetching the same prefix again encodes its keys once
+# The same, found by the very list object a caller passes again (checked equal to a copy of its keys): no tuple
+# of the keys to build and hash twice (76 µs of a 3,584-key kv-get's client prologue, timeit).
+_ENCODED_BY_LIST = _KeyMemo()
 
 _KEYS_HEAD = struct.Struct("<4sHI")  # magic, prefix length, key count
 

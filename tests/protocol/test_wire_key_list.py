@@ -92,3 +92,12 @@ def test_a_key_list_encoded_again_comes_from_the_memo_with_this_descriptors_own_
     again = encode_descriptor(other)
     assert wire._ENCODED_MEMO.hits == hits + 1  # equal keys (another list): no per-key work
     assert again[HEAD.size:] == first[HEAD.size:] and decode_descriptor(again) == other
+
+
+def test_a_key_list_changed_in_place_is_encoded_from_its_new_keys():
+    keys = [f"inplace/{i:032x}" for i in range(64)]
+    encode_descriptor(descriptor(keys))
+    keys[7] = f"inplace/{999:032x}"  # the same list object, one key replaced
+    assert decode_descriptor(encode_descriptor(descriptor(keys))).chunk_keys == keys
+    keys.append(f"inplace/{1000:032x}")
+    assert decode_descriptor(encode_descriptor(descriptor(keys))).chunk_keys == keys
