@@ -11,7 +11,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 from ..errors import ErrorCode
-from .keys import _ENCODED_BY_LIST, _ENCODED_MEMO, _KEY_MEMO, _bad, _binary_suffixes, _common_prefix, _decode_keys
+from .keys import _ENCODED_MEMO, _KEY_MEMO, _bad, _binary_suffixes, _common_prefix, _decode_keys
 
 DESCRIPTOR_MAGIC = b"OCKV"
 DESCRIPTOR_VERSION = 1
@@ -173,16 +173,15 @@ def _key_section(keys: list[str]) -> tuple[bytes, bytes, bool]:
 
 
 def _encoded_keys(keys: list[str]) -> tuple[bytes, bytes, bool]:
-    """:func:`_key_section`, remembered by the list passed (an equal copy of it proves it unchanged) and by the keys."""
-    same = _ENCODED_BY_LIST.get(id(keys))
-    if same is not None and same[0] == keys:
-        return same[1]
-    memo_key = tuple(keys)
-    section = _ENCODED_MEMO.get(memo_key)
-    if section is None:
-        section = _key_section(keys)
-        _ENCODED_MEMO.put(memo_key, section, len(memo_key))
-    _ENCODED_BY_LIST.put(id(keys), (list(keys), section), len(keys))
+    """:func:`_key_section`, remembered for keys equal to ones encoded before (see :data:`~protocol.wire.keys._ENCODED_MEMO`)."""
+    if not keys:
+        return _key_section(keys)
+    memo_key = (len(keys), keys[0], keys[-1])
+    known = _ENCODED_MEMO.get(memo_key)
+    if known is not None and known[0] == keys:
+        return known[1]
+    section = _key_section(keys)
+    _ENCODED_MEMO.put(memo_key, (list(keys), section), len(keys))
     return section
 
 
