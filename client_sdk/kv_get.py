@@ -116,7 +116,7 @@ class KVGets(SignedRequests):
 
         async def resume(first_layer: int) -> tuple[Any, FrameStream | DirectFrameStream]:
             """The layers from ``first_layer`` on, asked again of this client's node (a peer's stream of them broke)."""
-            again = encode_descriptor(dataclasses.replace(descriptor, first_layer=first_layer))
+            again = dataclasses.replace(descriptor, first_layer=first_layer)
             opened.append(await self._retrying(f"kv-get of {len(keys)} chunk(s) from layer {first_layer}",
                                                lambda: self._open_frames(kind, again, unreachable)))
             count_unreachable(stream.stats)
@@ -130,10 +130,9 @@ class KVGets(SignedRequests):
                                         decode_auto=auto, client_decode_workers=self._decoder.threads if auto else 0,
                                         client_decode_bytes_per_s=self._decoder.bytes_per_s_per_core if auto else 0.0,
                                         client_link_bytes_per_s=self.link_gbps * 1e9 / 8 if auto else 0.0)
-                body = encode_descriptor(descriptor)
                 try:
                     # Retried only until the response begins: no byte of the payload has moved before that.
-                    opening = self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, body, unreachable))
+                    opening = self._retrying(f"kv-get of {len(keys)} chunk(s)", lambda: self._open_frames(kind, descriptor, unreachable))
                     refused = False
                     resp, frames = await (opening if deadline is None else _by(deadline, load_budget_s, opening))
                     break
@@ -179,7 +178,7 @@ class KVGets(SignedRequests):
                 for region in destinations.abandon(dest):
                     self._unregister_soon(region)
 
-    async def _open_frames(self, kind: TransportKind, body: bytes, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:
+    async def _open_frames(self, kind: TransportKind, descriptor: Descriptor, unreachable: list[str] | None = None) -> tuple[Any, FrameStream | DirectFrameStream]:
         """Send the signed kv-get; its frames come in the response, or from the data endpoint it grants a ticket for
         (shm with ``local_session``: the kv-get goes to the session socket, unsigned, with the session's capability).
         A peer's data endpoint that does not answer (the peer died or stalled after its node granted it) raises
@@ -187,9 +186,10 @@ class KVGets(SignedRequests):
         added to ``unreachable`` as ``peer:<id>``."""
         if self._local is not None and kind == TransportKind.SHM and self._local.available():
             try:
-                return NoResponse(), await self._local.open(body)
+                return NoResponse(), await self._local.open(descriptor)
             except FastPathUnavailable as e:
                 log.info("kv-get through the gateway: %s", e)
+        body = encode_descriptor(descriptor)
         direct = self.direct and kind == TransportKind.HTTP
         resp = await self._post(f"/{self.bucket}", KVOp.GET, body, stream=True, extra_headers={HEADER_DIRECT: "1"} if direct else None)
         if resp.content_type != GRANT_CONTENT_TYPE:

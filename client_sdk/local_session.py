@@ -20,8 +20,10 @@ from collections.abc import Awaitable, Callable
 from protocol.errors import ErrorCode, S3Error
 from protocol.rpc import KVGetAccepted, Op, RpcRequest, decode_reply
 from protocol.session import SessionGrant, SessionTicket
+from protocol.wire import Descriptor
 
 from .direct import CONNECT_TIMEOUT_S, DirectFrameStream
+from .key_list_names import KeyListNames
 
 # A session this close to its expiry is registered afresh before a fetch rather than risk it lapsing mid-request.
 RENEW_MARGIN_S = 30.0
@@ -62,9 +64,11 @@ class LocalSession:
         self._pid = 0
         self._lock = asyncio.Lock()
         self._idle: list[socket.socket] = []  # session-socket connections whose kv-get ended cleanly
+        self._names = KeyListNames()
 
     def forget(self) -> None:
         self._grant = None
+        self._names.clear()  # a new session knows none of the old one's names
 
     def available(self) -> bool:
         """False while an optional session stepped aside (see :class:`FastPathUnavailable`)."""
@@ -96,34 +100,42 @@ class LocalSession:
                 grant = SessionGrant.from_json(decode_reply(await reply._read_line()))
                 reply.close()
                 self._socket, self._grant, self._pid = ticket.socket, grant, os.getpid()
+                self._names.clear()
                 self._expires = time.monotonic() + grant.expires_in_s
             return self._grant
 
-    async def open(self, descriptor: bytes) -> DirectFrameStream:
+    async def open(self, descriptor: Descriptor) -> DirectFrameStream:
         """A kv-get of ``descriptor`` on the session socket, its reply line read (an error raises its S3Error);
-        a session the server no longer knows is registered again once."""
-        for attempt in (1, 2):
+        a session the server no longer knows is registered again once. Keys this session sent before go as the
+        16-byte reference they were named by; a reference the node no longer holds is answered by sending the keys."""
+        by_ref, retried = True, False
+        while True:
             grant = await self._current()
+            body = self._names.encode(descriptor, by_ref)
             stream = await self._request(self._socket, RpcRequest(Op.KV_GET, {"session": grant.session, "secret": grant.secret},
-                                                                  len(descriptor)), descriptor, reuse=True)
+                                                                  len(body)), body, reuse=True)
             try:
                 stream.accepted = KVGetAccepted.from_json(decode_reply(await stream._read_line()))
                 return stream
             except S3Error as e:
                 stream.close()
+                if e.code is ErrorCode.KVUnknownKeyList and by_ref:  # the node let go of the name: the keys themselves
+                    by_ref = False
+                    continue
+                if retried:
+                    raise
+                retried = True
                 # A kept connection the server let go of as we sent (idle past its request timeout: its RequestTimeout
                 # line, or closed unread): this kv-get never ran, so it is sent once more on a new connection. Not
                 # after this process's own read timeout (the server may still be running it).
-                if attempt == 1 and stream.reused and not stream.broken and (
-                        e.code is ErrorCode.RequestTimeout or stream.closed_unanswered):
+                if stream.reused and not stream.broken and (e.code is ErrorCode.RequestTimeout or stream.closed_unanswered):
                     continue
-                if attempt == 2 or e.code != ErrorCode.AccessDenied or "session" not in e.message:
+                if e.code != ErrorCode.AccessDenied or "session" not in e.message:
                     raise
                 self.forget()
             except BaseException:
                 stream.close()
                 raise
-        raise AssertionError("unreachable")
 
     def keep(self, stream: DirectFrameStream) -> None:
         """A kv-get's stream that ended at its END or ERROR frame: its connection serves a later kv-get."""

@@ -82,6 +82,7 @@ class ErrorCode(Enum):
     KVNoSuchRegion = (404, "The registered memory region does not exist (re-register it).")
     KVTargetTooSmall = (400, "The delivery target is smaller than the payload.")
     KVTooManyKeys = (400, "The descriptor names more chunk keys than this server accepts.")
+    KVUnknownKeyList = (404, "The session holds no key list by this reference (send the keys again).")
     KVUnsupportedVersion = (400, "The descriptor version is not supported by this server.")
     XAmzContentSHA256Mismatch = (400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
 

@@ -133,9 +133,11 @@ class KVService:
         return LookupReply(found, len(keys)).to_json()
 
     # -- kv-get ----------------------------------------------------------------------
-    async def get(self, call: RpcCall) -> Reply:
+    async def get(self, call: RpcCall, d: Descriptor | None = None) -> Reply:
+        """A kv-get; ``d``: its descriptor, decoded already (the session socket resolves key list references)."""
         arrived = time.perf_counter()
-        d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
+        if d is None:
+            d = decode_descriptor(call.body, self.config.storage_server.max_descriptor_keys)
         # Its chunk files open beside the other transfers', never EMFILE; an O_DIRECT twin each where a cold read may go direct.
         kind = transport_class(d.target.transport)
         direct = bool(self.executor.direct_depth) and (kind.reads_into_destination or kind.aligned_staging)

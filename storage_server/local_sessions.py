@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import hmac
 import logging
 import os
@@ -44,9 +45,11 @@ from protocol.session import (
     SessionGrant,
     SessionTicket,
 )
+from protocol.wire import Descriptor, decode_descriptor
 
 from .data_endpoint import connection_cap
-from .rpc_server import Reply, RpcCall, RpcHandler, RpcServer
+from .rpc_server import Reply, RpcCall, RpcServer
+from .session_key_lists import SessionKeyLists
 
 log = logging.getLogger("objectcache.storage_server.sessions")
 
@@ -153,10 +156,12 @@ _peer: contextvars.ContextVar[Peer | None] = contextvars.ContextVar("session_pee
 class SessionEndpoint:
     """The session socket: binds tickets to their process, serves the sessions' kv-gets."""
 
-    def __init__(self, config: StorageServerConfig, path: str, kv_get: RpcHandler, max_body: int,
+    def __init__(self, config: StorageServerConfig, path: str, kv_get: Callable[[RpcCall, Descriptor], Awaitable[Reply]], max_body: int,
                  incarnation: Callable[[str], Awaitable[str]], registry: SessionRegistry | None = None) -> None:
         self.path = path
         self.registry = registry or SessionRegistry(config.session_ttl_s, config.max_sessions_per_tenant)
+        self.max_keys = config.max_descriptor_keys
+        self.key_lists = SessionKeyLists()  # what each session's KEY_LIST_REF descriptors name
         self._kv_get = kv_get
         self._incarnation = incarnation
         self.kv_gets = 0
@@ -217,9 +222,14 @@ class SessionEndpoint:
             current = ""
         if current != session.incarnation:
             raise S3Error(ErrorCode.AccessDenied, f"the session's bucket {session.bucket!r} was deleted since the session was registered")
+        d = decode_descriptor(call.body, self.max_keys, functools.partial(self.key_lists.named, session.session_id))
+        if d.key_ref:
+            if not d.keys_by_ref:
+                self.key_lists.name(session.session_id, d.key_ref, d.chunk_keys)
+            d = replace(d, key_ref=b"", keys_by_ref=False)  # resolved: a descriptor re-encoded for a peer carries the keys
         self.kv_gets += 1
         fields = {"tenant": session.tenant, "bucket": session.bucket, "request_id": f"L{os.getpid():x}-{self.kv_gets:x}"}
-        return await self._kv_get(replace(call, request=replace(call.request, fields=fields)))
+        return await self._kv_get(replace(call, request=replace(call.request, fields=fields)), d)
 
     def close(self) -> None:
         if self._server is not None:

@@ -22,6 +22,7 @@ from .descriptor import _DESC_HEAD as _DESC_HEAD  # the header layout, for tests
 from .descriptor import (
     DESCRIPTOR_MAGIC,
     DESCRIPTOR_VERSION,
+    KEY_LIST_REF_BYTES,
     MAX_DESCRIPTOR_BYTES,
     MAX_LAYERS,
     MAX_PAYLOAD_BYTES,
@@ -44,7 +45,7 @@ from .keys import KEY_LIST_MAGIC, KEY_MEMO_KEYS, KEY_MEMO_LISTS, MAX_KEY_BYTES, 
 from .put_batch import PUT_BATCH_MAGIC, decode_put_batch, encode_put_batch
 
 __all__ = [
-    "DESCRIPTOR_MAGIC", "DESCRIPTOR_VERSION", "FRAME", "FRAME_SIZE", "KEY_LIST_MAGIC", "KEY_MEMO_KEYS", "KEY_MEMO_LISTS",
+    "DESCRIPTOR_MAGIC", "DESCRIPTOR_VERSION", "FRAME", "FRAME_SIZE", "KEY_LIST_MAGIC", "KEY_LIST_REF_BYTES", "KEY_MEMO_KEYS", "KEY_MEMO_LISTS",
     "MAX_DESCRIPTOR_BYTES", "MAX_KEY_BYTES", "MAX_LAYERS", "MAX_PAYLOAD_BYTES", "PUT_BATCH_MAGIC", "REGION_ID_BYTES",
     "TOKEN_BYTES", "Delivery", "Descriptor", "DescriptorFlag", "Frame", "FrameType", "KeyList", "Mode", "Target",
     "TransferStats", "TransportKind", "decode_descriptor", "decode_keys",

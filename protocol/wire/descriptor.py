@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
 import numpy as np
 
-from ..errors import ErrorCode
+from ..errors import ErrorCode, S3Error
 from .keys import _ENCODED_MEMO, _KEY_MEMO, _bad, _binary_suffixes, _common_prefix, _decode_keys
 
 DESCRIPTOR_MAGIC = b"OCKV"
@@ -47,17 +48,25 @@ class DescriptorFlag(IntFlag):
     # http and rdma: the client can decode, the node picks the site per kv-get (scheduler.decode_site); the client's
     # decode workers, decode rate and declared link rate (_DECODE_AUTO) follow the first layer.
     DECODE_AUTO = 32
+    # The session socket only (protocol.session): a KEY_LIST_REF_BYTES reference precedes the key section, which that
+    # session's later kv-gets may send in place of the keys (KEY_LIST_REF). A 3,584-key list is 57 KB to encode, send,
+    # read and hash on every kv-get of a repeated prefix; its reference is 16 bytes.
+    KEY_LIST_NAMED = 64
+    KEY_LIST_REF = 128  # the reference alone, no key section: the keys the session named by it (count must match)
 
 
 # A plain int: ~IntFlag only inverts the defined bits. A server that does not know a bit refuses it,
 # so an old server never silently ignores a load budget.
 _KNOWN_FLAGS = int(DescriptorFlag.NO_LAYER_CHECKSUMS | DescriptorFlag.LOAD_BUDGET | DescriptorFlag.BINARY_KEY_SUFFIXES
-                   | DescriptorFlag.CLIENT_DECODES | DescriptorFlag.FIRST_LAYER | DescriptorFlag.DECODE_AUTO)
+                   | DescriptorFlag.CLIENT_DECODES | DescriptorFlag.FIRST_LAYER | DescriptorFlag.DECODE_AUTO
+                   | DescriptorFlag.KEY_LIST_NAMED | DescriptorFlag.KEY_LIST_REF)
+KEY_LIST_REF_BYTES = 16
 # The bits as plain ints for the codec: ``int & IntFlag`` goes through enum's reflected operator and builds a flag
 # object (2-3 µs each; 16 of them were a third of decoding a repeated 64-key descriptor, cProfile).
-_NO_CHECKS, _BUDGET, _BINARY, _CLIENT_DECODES, _FIRST, _AUTO = (int(f) for f in (
+_NO_CHECKS, _BUDGET, _BINARY, _CLIENT_DECODES, _FIRST, _AUTO, _NAMED, _REF = (int(f) for f in (
     DescriptorFlag.NO_LAYER_CHECKSUMS, DescriptorFlag.LOAD_BUDGET, DescriptorFlag.BINARY_KEY_SUFFIXES,
-    DescriptorFlag.CLIENT_DECODES, DescriptorFlag.FIRST_LAYER, DescriptorFlag.DECODE_AUTO))
+    DescriptorFlag.CLIENT_DECODES, DescriptorFlag.FIRST_LAYER, DescriptorFlag.DECODE_AUTO, DescriptorFlag.KEY_LIST_NAMED,
+    DescriptorFlag.KEY_LIST_REF))
 # DECODE_AUTO's fields: the client's decode workers, its measured decode rate (raw bytes/s per core; 0: not yet)
 # and the link rate it declares towards the node (bytes/s; 0: unknown).
 _DECODE_AUTO = struct.Struct("<Hdd")
@@ -105,6 +114,9 @@ class Descriptor:
     client_decode_workers: int = 0
     client_decode_bytes_per_s: float = 0.0  # per core, measured by the client (0: not yet)
     client_link_bytes_per_s: float = 0.0  # declared by the client (0: unknown)
+    # The session socket's name for these keys (KEY_LIST_NAMED; b"": none). ``keys_by_ref``: encoded as that name alone.
+    key_ref: bytes = b""
+    keys_by_ref: bool = False
 
     @property
     def payload_bytes(self) -> int:
@@ -186,12 +198,16 @@ def _encoded_keys(keys: list[str]) -> tuple[bytes, bytes, bool]:
 
 
 def encode_descriptor(d: Descriptor) -> bytes:
-    p, suffixes, binary = _encoded_keys(d.chunk_keys)
+    if d.key_ref and len(d.key_ref) != KEY_LIST_REF_BYTES:
+        raise _bad("key_ref", f"must be {KEY_LIST_REF_BYTES} bytes, not {len(d.key_ref)}")
+    if d.keys_by_ref and not d.key_ref:
+        raise _bad("key_ref", "keys_by_ref needs the reference the keys were named by")
+    p, suffixes, binary = (b"", b"", False) if d.keys_by_ref else _encoded_keys(d.chunk_keys)
     head = _DESC_HEAD.pack(
         DESCRIPTOR_MAGIC, d.version, d.mode, d.delivery, d.target.transport,
         d.num_layers, d.chunk_tokens, d.per_layer_chunk_bytes, len(d.chunk_keys),
         d.target.region_id, d.target.token, d.target.offset, d.target.length,
-        len(d.compute_window), len(p), _flags(d) | (_BINARY if binary else 0),
+        len(d.compute_window), len(p), _flags(d) | (_BINARY if binary else 0) | (_REF if d.keys_by_ref else _NAMED if d.key_ref else 0),
     )
     window = struct.pack(f"<{len(d.compute_window)}d", *d.compute_window)
     if d.load_budget_s:
@@ -200,7 +216,7 @@ def encode_descriptor(d: Descriptor) -> bytes:
         window += struct.pack("<I", d.first_layer)
     if d.decode_auto:
         window += _DECODE_AUTO.pack(d.client_decode_workers, d.client_decode_bytes_per_s, d.client_link_bytes_per_s)
-    return head + p + window + suffixes
+    return head + p + window + d.key_ref + suffixes
 
 
 def _flags(d: Descriptor) -> int:
@@ -230,8 +246,9 @@ def descriptor_transport(data: bytes) -> TransportKind | None:
     return TransportKind(transport)
 
 
-def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
-    """Parse and validate a descriptor. Raises S3Error naming the bad field."""
+def decode_descriptor(data: bytes, max_keys: int | None = None, named_keys: Callable[[bytes], list[str] | None] | None = None) -> Descriptor:
+    """Parse and validate a descriptor. Raises S3Error naming the bad field. ``named_keys``: the key list a reference
+    names (the session socket's; None: unknown), for KEY_LIST_REF, which is refused where it is not given."""
     buf = memoryview(data)
     if len(buf) < _DESC_HEAD.size:
         raise _bad("descriptor", f"{len(buf)} bytes is shorter than the {_DESC_HEAD.size}-byte header")
@@ -248,8 +265,10 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
         raise _bad(name, str(e)) from None
     if flags & ~_KNOWN_FLAGS:
         raise _bad("flags", f"unknown flag bits {flags:#06x}")
-    no_checks, has_budget, binary, client_decodes, has_first, auto_on = (
-        bool(flags & bit) for bit in (_NO_CHECKS, _BUDGET, _BINARY, _CLIENT_DECODES, _FIRST, _AUTO))
+    no_checks, has_budget, binary, client_decodes, has_first, auto_on, named, by_ref = (
+        bool(flags & bit) for bit in (_NO_CHECKS, _BUDGET, _BINARY, _CLIENT_DECODES, _FIRST, _AUTO, _NAMED, _REF))
+    if by_ref and (named or binary or prefix_len):
+        raise _bad("flags", "KEY_LIST_REF carries the reference alone: no KEY_LIST_NAMED, BINARY_KEY_SUFFIXES or key prefix")
     if client_decodes and transport_v == TransportKind.SHM:
         raise _bad("flags", "CLIENT_DECODES needs the http or rdma transport (the server writes decoded layers into shm memory)")
     if has_first and transport_v != TransportKind.HTTP:
@@ -293,15 +312,37 @@ def decode_descriptor(data: bytes, max_keys: int | None = None) -> Descriptor:
     auto = _DECODE_AUTO.unpack_from(buf, auto_at) if auto_on else (0, 0.0, 0.0)
     if auto_on and not (auto[0] >= 1 and _rate_ok(auto[1]) and _rate_ok(auto[2])):
         raise _bad("decode_auto", f"needs at least 1 client decode worker and finite rates >= 0, not {auto}")
-    prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
-    memo_key = (b"B" if binary else b"T") + prefix_len.to_bytes(2, "little") + count.to_bytes(4, "little") + prefix_and_keys
-    keys = _KEY_MEMO.get(memo_key)
-    if keys is None:
-        keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len, binary=binary)
-        _KEY_MEMO.put(memo_key, keys, count)
+    key_ref = bytes(buf[keys_at : keys_at + KEY_LIST_REF_BYTES]) if named or by_ref else b""
+    if (named or by_ref) and len(key_ref) != KEY_LIST_REF_BYTES:
+        raise _bad("key_ref", f"truncated: a key list reference is {KEY_LIST_REF_BYTES} bytes")
+    keys_at += len(key_ref)
+    if by_ref:
+        keys = _named(named_keys, key_ref, count, len(buf) - keys_at)
+    else:
+        prefix_and_keys = bytes(buf[pos:window_at]) + bytes(buf[keys_at:])
+        memo_key = (b"B" if binary else b"T") + prefix_len.to_bytes(2, "little") + count.to_bytes(4, "little") + prefix_and_keys
+        keys = _KEY_MEMO.get(memo_key)
+        if keys is None:
+            keys = _decode_keys(memoryview(prefix_and_keys), count, prefix_len, binary=binary)
+            _KEY_MEMO.put(memo_key, keys, count)
     target = Target(transport_v, bytes(region), bytes(token), offset, length)
     if target.length < payload:
         raise _bad("target.length", f"{target.length} bytes is smaller than the payload ({payload} bytes)", ErrorCode.KVTargetTooSmall)
     return Descriptor(keys, layers, tokens, s, target, tuple(window), mode_v, delivery_v, version,
                       not no_checks, budget, client_decodes, first_layer,
-                      auto_on, *auto)
+                      auto_on, *auto, key_ref=key_ref, keys_by_ref=by_ref)
+
+
+def _named(named_keys: Callable[[bytes], list[str] | None] | None, key_ref: bytes, count: int, extra: int) -> list[str]:
+    """The keys a KEY_LIST_REF descriptor names."""
+    if named_keys is None:
+        raise _bad("flags", "KEY_LIST_REF is served on the session socket only (send the keys)")
+    if extra:
+        raise _bad("key_ref", f"{extra} bytes follow the key list reference")
+    keys = named_keys(key_ref)
+    if keys is None:
+        raise S3Error(ErrorCode.KVUnknownKeyList, "key_ref: this session holds no key list by that reference; send the keys "
+                      "(KEY_LIST_NAMED) again", extra={"Field": "key_ref"})
+    if len(keys) != count:
+        raise _bad("key_ref", f"the reference names {len(keys)} keys, the descriptor declares {count}")
+    return keys

@@ -11,7 +11,7 @@ import pytest
 from kvsupport import keys_for, make_chunks, reference, rpc, run, tiny_layout
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
-from protocol.rpc import Op, RpcRequest
+from protocol.rpc import Op, RpcRequest, decode_reply
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor
 
 
@@ -73,9 +73,9 @@ def test_the_capability_is_bound_to_the_registering_process(server, tenants, sto
             shm = c._destinations[TransportKind.SHM]
             dest = await shm.acquire(layout.payload_bytes(2), None)
             try:
-                d = encode_descriptor(Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
-                                                 dest.target, mode=Mode.LAYERWISE))
-                reply = _session_kv_get(grant, path, d)
+                d = Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target,
+                               mode=Mode.LAYERWISE)
+                reply = _session_kv_get(grant, path, encode_descriptor(d))
             finally:
                 shm.release(dest)
             assert reply["error"]["code"] == "AccessDenied" and "another process" in reply["error"]["message"]
@@ -101,8 +101,8 @@ def test_a_session_reads_only_its_tenants_bucket_and_writes_only_its_tenants_reg
             shm = alice._destinations[TransportKind.SHM]
             dest = await shm.acquire(layout.payload_bytes(2), None)
             try:
-                d = encode_descriptor(Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
-                                                 dest.target, mode=Mode.LAYERWISE))
+                d = Descriptor(keys[:2], layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes, dest.target,
+                               mode=Mode.LAYERWISE)
                 with pytest.raises(ObjectCacheError) as e:
                     await bob._local.open(d)
                 assert e.value.code.name == "AccessDenied" and "region" in e.value.message
@@ -165,5 +165,81 @@ def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(serve
             assert np.array_equal(payload, want)
             assert status()["connections"] - after["connections"] == 1
             assert rpc(server.rpc_socket, "status")["regions"] == regions
+
+    run(scenario())
+
+
+def _resolved(server) -> int:
+    return rpc(server.rpc_socket, "status")["local_sessions"]["key_lists"]["resolved"]
+
+
+def test_a_prefix_fetched_again_sends_its_keys_by_reference(server, tenants, stored):
+    bucket, layout, keys, chunks = stored
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            before = _resolved(server)
+            first, _ = await c.fetch(keys, layout, "shm")
+            assert _resolved(server) == before  # named: the keys went with their reference
+            again, _ = await c.fetch(list(keys), layout, "shm")  # equal keys in another list
+            assert _resolved(server) == before + 1
+            other, _ = await c.fetch(keys[:7], layout, "shm")  # another list: named afresh
+            assert _resolved(server) == before + 1
+            for got, n in ((first, 40), (again, 40), (other, 7)):
+                assert np.array_equal(got, reference(layout, chunks[:n]))
+
+    run(scenario())
+
+
+def test_a_reference_the_node_does_not_hold_is_answered_by_sending_the_keys(server, tenants, stored):
+    bucket, layout, keys, chunks = stored
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            await c.fetch(keys[:3], layout, "shm")  # the session exists
+            # This process believes it named the keys under a reference the node never saw (as after a node restart
+            # that kept the session, or a name the node let go of).
+            c._local._names._names[(len(keys), keys[0], keys[-1])] = (list(keys), b"\x07" * 16)
+            before = _resolved(server)
+            got, _ = await c.fetch(keys, layout, "shm")
+            assert np.array_equal(got, reference(layout, chunks))
+            again, _ = await c.fetch(keys, layout, "shm")  # named afresh by the retry: by reference from now on
+            assert np.array_equal(again, reference(layout, chunks)) and _resolved(server) == before + 1
+
+    run(scenario())
+
+
+async def _raw_kv_get(local, body: bytes) -> None:
+    """``body`` sent as it is on ``local``'s session; raises the node's error."""
+    grant = await local._current()
+    request = RpcRequest(Op.KV_GET, {"session": grant.session, "secret": grant.secret}, len(body))
+    stream = await local._request(local._socket, request, body)
+    try:
+        decode_reply(await stream._read_line())
+    finally:
+        stream.close()
+
+
+def test_a_reference_names_nothing_on_another_session(server, tenants, stored, s3_bob):
+    bucket, layout, keys, _ = stored
+    s3_bob.create_bucket(Bucket="local-session-refs-bob")
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as alice, \
+                local_client(server, tenants["alice"], bucket) as alice_again, \
+                local_client(server, tenants["bob"], "local-session-refs-bob") as bob:
+            await alice.fetch(keys, layout, "shm")
+            (_, ref), = [v for v in alice._local._names._names.values() if v[0] == keys]
+            shm = alice._destinations[TransportKind.SHM]
+            dest = await shm.acquire(layout.payload_bytes(len(keys)), None)
+            try:
+                body = encode_descriptor(Descriptor(keys, layout.num_layers, layout.chunk_tokens, layout.per_layer_chunk_bytes,
+                                                    dest.target, mode=Mode.LAYERWISE, key_ref=ref, keys_by_ref=True))
+                for other in (alice_again, bob):  # the same tenant's other session, and another tenant's
+                    with pytest.raises(ObjectCacheError) as e:
+                        await _raw_kv_get(other._local, body)
+                    assert e.value.code.name == "KVUnknownKeyList"
+            finally:
+                shm.release(dest)
 
     run(scenario())
