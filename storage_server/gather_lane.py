@@ -50,14 +50,21 @@ from .thread_priority import idle_priority, normal_priority, priority_reversible
 LANE_MIN_LAYER_BYTES = 2 << 20
 LANE_PATIENCE_S = 0.002  # the loop waits this long for a lagging lane before raising its priority
 REVERSIBLE = priority_reversible()  # else the lane runs at normal priority: idle, it could not be promoted if starved
-LANE_SHARE = 0.5  # of each layer's chunks the lane copies (the loop also sends the frames, the lane wakes once)
+# Of each layer's chunks, the lane copies this share, but at least what leaves the loop's part within one inline gather
+# (INLINE_GATHER_BYTES: a larger part goes to the read pool, three threads on two cores). The lane runs where nothing
+# else would, and the client woken for every frame takes its core for a moment: with an even split the loop waited on
+# it. Interleaved runs of 60 cache-evicted kv-gets each, median ms: G128x64 (2 MiB layers) 9.5-9.8 at 0.35 against
+# 10.3-11.3 at 0.5; G256x64 (4 MiB) 13.7-13.9 against 15.3-16.8 (0.3: 13.5-14.7, 0.4: 14.1-18.0, 0.6: 17.2-17.7);
+# G512x64 (8 MiB) 24.6-28.9 at 0.5, 32.4-33.7 at 0.35 (its loop part over 4 MiB went to the pool): hence the bound.
+LANE_SHARE = 0.35
 
 
 def lane_split(num_chunks: int, layer_bytes: int, others_gathering: int, cores: int) -> int:
     """Chunks ``[0, split)`` of every layer for the lane (0: no lane): pure, so the rule reads in one place."""
     if cores < 2 or others_gathering or num_chunks < 2 or not LANE_MIN_LAYER_BYTES <= layer_bytes <= 2 * INLINE_GATHER_BYTES:
         return 0  # (a larger layer is already split into runs across the read pool)
-    return max(1, min(num_chunks - 1, int(num_chunks * LANE_SHARE)))
+    loop_at_most = INLINE_GATHER_BYTES * num_chunks // layer_bytes  # chunks the loop gathers inline in one piece
+    return max(1, min(num_chunks - 1, max(int(num_chunks * LANE_SHARE), num_chunks - loop_at_most)))
 
 
 class GatherLane:
