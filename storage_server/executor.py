@@ -44,7 +44,7 @@ from .gather import INLINE_GATHER_BYTES, IOV_MAX, _crc_layers, _read_run, _read_
 from .gather_lane import GatherLane, lane_split
 from .memory_budget import MemoryBudget
 from .read_path import READ_AHEAD_WINDOW_BYTES, ReadPath, plan_read_path, wanted_bytes
-from .read_plan import ReadPlan, _stats
+from .read_plan import ReadPlan, _stats, one_run_keeps_ahead
 from .residency import resident_fraction
 from .transports import Transport
 
@@ -109,7 +109,8 @@ class Executor(DirectRuns):
         """
         loop = asyncio.get_running_loop()
         sources = (plan.rows, plan.first_rows) if plan.mapped else (plan.fds, plan.offsets)
-        runs = self._runs(first, last, plan.mapped and plan.warm)
+        copies = plan.mapped and plan.warm
+        runs = self._runs(first, last, copies) if plan.spread or not copies else [(first, last)]
         futures = [loop.run_in_executor(self.pool, fn, *sources, a, b, *args) for a, b in runs]
         try:
             return [(b - a, result) for (a, b), result in zip(runs, await _settled(asyncio.gather(*futures)))]
@@ -369,6 +370,8 @@ class Executor(DirectRuns):
             t1 = time.perf_counter()
             read_s += t1 - t0
             timeline[layer][1] = t1 - started
+            if layer == layers[0] and plan.mapped and plan.warm and one_run_keeps_ahead(t1 - t0, self.cores, d.compute_window):
+                plan.spread = False  # the later layers on one thread: the engine computes longer than that takes
             if not transport.layer_ready_now(layer, crc):
                 await transport.layer_ready(layer, crc)
             elif frames.queued():
