@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
                     raise RuntimeError(f"the store process left {sdk.lookup(keys)} of {len(keys)} prefix chunks")
                 stored.update(keys)
         paths = {"recompute": {"path": "recompute"}, "local-hit": {"path": "local"},
-                 **{t: {"path": "connector", "extra_config": {**extra, "transport": t}} for t in transports}}
+                 **{t: {"path": "connector", "extra_config": {**extra, "transport": t, "overlap": args.overlap}} for t in transports}}
         runs: dict[str, list[list[dict]]] = {p: [] for p in paths}
         for _ in range(repeats):
             for name, spec in paths.items():
@@ -179,7 +179,7 @@ def _report(args: argparse.Namespace, size, rows: list[dict], transports: list[s
     headline = [r for r in rows if r["tokens"] >= HEADLINE_MIN_TOKENS]
     result = {
         "benchmark": "vllm", "quick": args.quick, "model": {"size": size.name, "parameters": size.parameters, "layers": size.layers},
-        "device": _device(), "transports_skipped": skipped, "rows": rows,
+        "device": _device(), "overlap": args.overlap, "transports_skipped": skipped, "rows": rows,
         "ttft_vs_local_hit_max": max(r["paths"]["shm"]["vs_local_hit"] for r in headline),
         "speedup_vs_recompute_min": min(r["paths"]["shm"]["speedup_vs_recompute"] for r in headline),
         "tokens_identical": all(r["tokens_identical"] for r in rows),
@@ -228,3 +228,5 @@ def add_parser(sub) -> None:
                    help="the connector's transports to time (shm is the headline and always runs)")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per path (the median is reported)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one engine process may take")
+    p.add_argument("--overlap", choices=("auto", "layerwise", "whole"), default="auto",
+                   help="the connector's overlap setting for the timed loads (auto: whole loads first on vLLM's CPU backend)")

@@ -15,6 +15,7 @@ from typing import Any
 
 TRANSPORTS = ("auto", "shm", "http", "rdma")
 MODES = ("auto", "layerwise", "chunkwise")
+OVERLAPS = ("auto", "layerwise", "whole")
 # Where each setting comes from when the extra config does not name it.
 ENV = {"endpoint": "AWS_ENDPOINT_URL", "access_key": "AWS_ACCESS_KEY_ID", "secret_key": "AWS_SECRET_ACCESS_KEY", "region": "AWS_DEFAULT_REGION"}
 MAX_NAMESPACE_BYTES = 512  # keys are namespace + "/" + 32 hex digits; S3 allows 1,024 bytes
@@ -32,6 +33,10 @@ class ConnectorConfig:
     load_timeout_s: float = 60.0  # a layer not in place after this long fails the load (the request recomputes)
     mode: str = "auto"            # kv-get assembly: the storage server's choice, or always layer by layer / chunk by chunk
     load_budget_s: float = 0.0    # a step's load not in place this long after it started is abandoned (recomputed); 0: none
+    # When attention may start: "layerwise" (layer ℓ computes once ℓ is in place, while ℓ+1.. move), "whole" (the step's
+    # load is all in place first) or "auto": whole where the KV cache is in host memory (the copies and the forward
+    # share the CPU's cores), layerwise elsewhere (see WorkerSide.register).
+    overlap: str = "auto"
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "ConnectorConfig":
@@ -51,6 +56,8 @@ class ConnectorConfig:
             raise ValueError(f"kv_connector_extra_config: transport must be one of {', '.join(TRANSPORTS)}, not {values['transport']!r}")
         if values.get("mode", "auto") not in MODES:
             raise ValueError(f"kv_connector_extra_config: mode must be one of {', '.join(MODES)}, not {values['mode']!r}")
+        if values.get("overlap", "auto") not in OVERLAPS:
+            raise ValueError(f"kv_connector_extra_config: overlap must be one of {', '.join(OVERLAPS)}, not {values['overlap']!r}")
         values["load_timeout_s"] = _seconds("load_timeout_s", values.get("load_timeout_s", cls.load_timeout_s))
         if values["load_timeout_s"] <= 0:
             raise ValueError("kv_connector_extra_config: load_timeout_s must be > 0")

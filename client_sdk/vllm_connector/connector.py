@@ -111,7 +111,7 @@ class ObjectCacheConnector(KVConnectorBase_V1):
 
             self.namespace = namespace(c, model, dtype, get_tensor_model_parallel_rank(), parallel.tensor_parallel_size,
                                        get_pp_group().rank_in_group, parallel.pipeline_parallel_size, **identity)
-            self._worker = WorkerSide(self.client, self.block_size, c.transport, c.load_timeout_s, c.mode, c.load_budget_s)
+            self._worker = WorkerSide(self.client, self.block_size, c.transport, c.load_timeout_s, c.mode, c.load_budget_s, c.overlap)
         log.info("ObjectCache connector (%s): %s bucket %s, namespace %s, transport %s", role.name.lower(), c.endpoint, c.bucket,
                  self.namespace, c.transport)
 

@@ -63,8 +63,10 @@ class _Save:
 
 class WorkerSide:
     def __init__(self, client: SyncObjectCacheClient, block_size: int, transport: str = "auto", load_timeout_s: float = 60.0,
-                 mode: str = "auto", load_budget_s: float = 0.0) -> None:
+                 mode: str = "auto", load_budget_s: float = 0.0, overlap: str = "auto") -> None:
         self.client = client
+        self.overlap = overlap
+        self.whole_first = overlap == "whole"  # settled at register for "auto"
         self.load_budget_s = load_budget_s
         self.block_size = block_size
         self.transport = transport
@@ -91,6 +93,10 @@ class WorkerSide:
             raise ValueError(f"KV cache on {', '.join(sorted(devices))}: ObjectCache's connector moves KV only for "
                              "KV caches in host memory (vLLM's CPU backend) so far")
         self.format = fmt
+        # In host memory the storage server's copy into the region, the scatter into the blocks and the forward all run
+        # on the CPU's cores: overlapped, they slowed the forward more than they took (vLLM's OpenMP team waits on its
+        # slowest thread), so attention starts once the whole load is in place. Layerwise where the copies are DMA.
+        self.whole_first = self.overlap == "whole" or (self.overlap == "auto" and devices == {"cpu"})
         self.layer_index = {name: i for i, name in enumerate(order)}
         self.views = [chunk_view(kv_caches[name], self.block_size, fmt) for name in order]
         self.arrays = [as_array(v) for v in self.views]  # what loads scatter into (see blocks.as_array)
@@ -139,7 +145,8 @@ class WorkerSide:
         layer = self.layer_index.get(layer_name)
         if job is None or layer is None:
             return
-        if not job.ready[layer].wait(self._wait_s(job)):
+        awaited = len(job.ready) - 1 if self.whole_first else layer  # layers land in order; a failure sets every event
+        if not job.ready[awaited].wait(self._wait_s(job)):
             job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s" if job.deadline is None
                                      else f"layer {layer} was not in place within the load budget")
         if layer not in job.landed:

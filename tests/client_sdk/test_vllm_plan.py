@@ -27,6 +27,7 @@ def test_settings_come_from_the_extra_config_then_the_environment():
     ({**EXTRA, "transport": "carrier-pigeon"}, ["transport must be one of", "carrier-pigeon"]),
     ({**EXTRA, "bukket": "x"}, ["unknown field", "bukket"]),
     ({**EXTRA, "mode": "sideways"}, ["mode must be one of", "sideways"]),
+    ({**EXTRA, "overlap": "sometimes"}, ["overlap must be one of", "sometimes"]),
     ({**EXTRA, "load_timeout_s": "soon"}, ["load_timeout_s must be a number"]),
     ({**EXTRA, "load_timeout_s": 0}, ["load_timeout_s must be > 0"]),
 ])

@@ -42,9 +42,9 @@ def parts(gated_node, tenants):
     boto_client(gated_node.endpoint, alice).create_bucket(Bucket="vllm-worker")
     client = SyncObjectCacheClient(gated_node.endpoint, alice.access_key, alice.secret_key, "vllm-worker")
 
-    def worker(timeout: float = 30.0):
+    def worker(timeout: float = 30.0, overlap: str = "layerwise"):
         caches = {n: torch.zeros(BLOCKS, HEADS, T, 2 * D, dtype=torch.float32) for n in NAMES}
-        w = WorkerSide(client, T, "auto", timeout, mode="layerwise")
+        w = WorkerSide(client, T, "auto", timeout, mode="layerwise", overlap=overlap)
         w.register(caches, NAMES)
         return w, caches
 
@@ -103,6 +103,32 @@ def test_each_layer_is_in_the_blocks_when_its_wait_returns_while_later_layers_st
             assert np.array_equal(caches[name][dst].numpy(), saved[name][src])
         untouched = [b for b in range(BLOCKS) if b not in (1, 3, 4)]
         assert not caches[name][untouched].any()
+
+
+def test_on_the_cpu_backend_attention_starts_once_the_whole_load_is_in_place(parts, gated_node):
+    """``overlap = "auto"`` with the KV cache in host memory: layer 0's wait returns only after the last layer landed."""
+    import threading
+
+    worker, client = parts
+    keys = chunk_keys(np.arange(3 * T) + 11, T, "worker-whole")
+    saved = _save(worker, keys, [5, 2, 7])
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker(overlap="auto")
+    gated_node.gate.hold_before(2)
+    w.start_load([ChunkTransfer("r", tuple(keys), (1, 3, 4))])
+    waiting = threading.Thread(target=w.wait_for_layer, args=(NAMES[0],))
+    waiting.start()
+    assert gated_node.gate.wait_held(), "the transfer was not held before layer 2"
+    waiting.join(0.5)
+    assert waiting.is_alive(), "layer 0's wait returned while layer 2 was still held"
+    gated_node.gate.open()
+    waiting.join(30)
+    assert not waiting.is_alive()
+    for name in NAMES:  # every layer in place by then
+        for src, dst in [(5, 1), (2, 3), (7, 4)]:
+            assert np.array_equal(caches[name][dst].numpy(), saved[name][src])
+    assert w.failed_blocks() == set()
 
 
 def test_two_requests_sharing_a_prefix_fetch_it_once_into_both_requests_blocks(parts):
