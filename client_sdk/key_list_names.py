@@ -15,17 +15,20 @@ from collections import OrderedDict
 
 from protocol.wire import KEY_LIST_REF_BYTES, Descriptor, encode_descriptor
 
-MAX_NAMES = 64  # as many as the node keeps per session (storage_server.session_key_lists)
+MAX_NAMES = 64  # as many as the node keeps per session (storage_server.session_key_lists.MAX_LISTS_PER_SESSION)
 
 
 class KeyListNames:
     def __init__(self, max_names: int = MAX_NAMES) -> None:
         self.max_names = max_names
+        self.enabled = True  # False: the node predates KEY_LIST_NAMED, descriptors go plain
         self._names: OrderedDict[tuple[int, str, str], tuple[list[str], bytes]] = OrderedDict()
 
     def encode(self, d: Descriptor, by_ref: bool = True) -> bytes:
         """``d`` as the session socket takes it: by its reference if these keys were named before (and ``by_ref``),
         else with its keys and a reference for next time (a new one: the node may hold the old under another list)."""
+        if not self.enabled:
+            return encode_descriptor(d)
         keys = d.chunk_keys
         at = (len(keys), keys[0], keys[-1])
         known = self._names.get(at)

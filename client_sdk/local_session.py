@@ -122,6 +122,9 @@ class LocalSession:
                 if e.code is ErrorCode.KVUnknownKeyList and by_ref:  # the node let go of the name: the keys themselves
                     by_ref = False
                     continue
+                if e.code is ErrorCode.KVInvalidDescriptor and "unknown flag bits" in e.message and self._names.enabled:
+                    self._names.enabled = False  # a node that predates key list names: plain descriptors from now on
+                    continue
                 if retried:
                     raise
                 retried = True
@@ -129,6 +132,7 @@ class LocalSession:
                 # line, or closed unread): this kv-get never ran, so it is sent once more on a new connection. Not
                 # after this process's own read timeout (the server may still be running it).
                 if stream.reused and not stream.broken and (e.code is ErrorCode.RequestTimeout or stream.closed_unanswered):
+                    by_ref = False  # the node never read that body: a name it carried is unknown there
                     continue
                 if e.code != ErrorCode.AccessDenied or "session" not in e.message:
                     raise

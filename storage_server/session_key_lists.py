@@ -2,24 +2,28 @@
 16-byte reference instead of the keys (``KEY_LIST_REF``).
 
 A reference resolves only within the session that named it: another session, of this tenant or another, never
-reaches it. Bounded in lists per session and in keys overall, least recently used dropped first (a session that
+reaches it. Bounded in lists per session and in keys overall (as many as the descriptor memo holds,
+``KEY_MEMO_KEYS``; the lists are mostly that memo's own objects), least recently used dropped first (a session that
 ended leaves its lists to age out); a reference no longer held is answered ``KVUnknownKeyList`` and the client sends
-the keys again. Pure bookkeeping, no I/O.
+the keys again. Pure bookkeeping, no I/O; every step is O(1) but the count of a list's keys.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from protocol.wire import KEY_MEMO_KEYS
+
 MAX_LISTS_PER_SESSION = 64
-MAX_KEYS = 1 << 20  # across every session: 3,584-key prefixes, ~290 of them
+MAX_LISTS = 4096  # across every session (a bound on the tables' own size, whatever the lists' lengths)
 
 
 class SessionKeyLists:
-    def __init__(self, lists_per_session: int = MAX_LISTS_PER_SESSION, max_keys: int = MAX_KEYS) -> None:
-        self.lists_per_session, self.max_keys = lists_per_session, max_keys
-        self._lists: OrderedDict[tuple[bytes, bytes], list[str]] = OrderedDict()  # (session id, reference) -> keys
-        self._per_session: dict[bytes, int] = {}
+    def __init__(self, lists_per_session: int = MAX_LISTS_PER_SESSION, max_keys: int = KEY_MEMO_KEYS,
+                 max_lists: int = MAX_LISTS) -> None:
+        self.lists_per_session, self.max_keys, self.max_lists = lists_per_session, max_keys, max_lists
+        self._lists: OrderedDict[tuple[bytes, bytes], list[str]] = OrderedDict()  # (session id, reference) -> keys, LRU
+        self._sessions: dict[bytes, OrderedDict[bytes, None]] = {}  # each session's references, LRU
         self._keys = 0
         self.resolved = 0  # kv-gets whose keys came by reference
 
@@ -29,11 +33,12 @@ class SessionKeyLists:
             return
         self._drop((session_id, ref))
         self._lists[(session_id, ref)] = keys
-        self._per_session[session_id] = self._per_session.get(session_id, 0) + 1
+        mine = self._sessions.setdefault(session_id, OrderedDict())
+        mine[ref] = None
         self._keys += len(keys)
-        while self._per_session[session_id] > self.lists_per_session:
-            self._drop(next(k for k in self._lists if k[0] == session_id))
-        while self._keys > self.max_keys:
+        if len(mine) > self.lists_per_session:
+            self._drop((session_id, next(iter(mine))))
+        while self._keys > self.max_keys or len(self._lists) > self.max_lists:
             self._drop(next(iter(self._lists)))
 
     def named(self, session_id: bytes, ref: bytes) -> list[str] | None:
@@ -41,6 +46,7 @@ class SessionKeyLists:
         keys = self._lists.get((session_id, ref))
         if keys is not None:
             self._lists.move_to_end((session_id, ref))
+            self._sessions[session_id].move_to_end(ref)
             self.resolved += 1
         return keys
 
@@ -49,11 +55,10 @@ class SessionKeyLists:
         if keys is None:
             return
         self._keys -= len(keys)
-        left = self._per_session[key[0]] - 1
-        if left:
-            self._per_session[key[0]] = left
-        else:
-            del self._per_session[key[0]]
+        mine = self._sessions[key[0]]
+        del mine[key[1]]
+        if not mine:
+            del self._sessions[key[0]]
 
     def status(self) -> dict[str, int]:
         return {"lists": len(self._lists), "keys": self._keys, "resolved": self.resolved}

@@ -147,9 +147,9 @@ class WorkerSide:
             return
         awaited = len(job.ready) - 1 if self.whole_first else layer  # layers land in order; a failure sets every event
         if not job.ready[awaited].wait(self._wait_s(job)):
-            job.error = TimeoutError(f"layer {layer} was not in place within {self.load_timeout_s} s" if job.deadline is None
-                                     else f"layer {layer} was not in place within the load budget")
-        if layer not in job.landed:
+            job.error = TimeoutError(f"layer {awaited} was not in place within {self.load_timeout_s} s" if job.deadline is None
+                                     else f"layer {awaited} was not in place within the load budget")
+        if awaited not in job.landed:  # whole first: one timeout fails the load (not one per layer that had landed)
             self._fail(job)
 
     def _wait_s(self, job: _Load) -> float:

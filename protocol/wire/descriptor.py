@@ -189,8 +189,8 @@ def _encoded_keys(keys: list[str]) -> tuple[bytes, bytes, bool]:
     if not keys:
         return _key_section(keys)
     memo_key = (len(keys), keys[0], keys[-1])
-    known = _ENCODED_MEMO.get(memo_key)
-    if known is not None and known[0] == keys:
+    known = _ENCODED_MEMO.get(memo_key, lambda found: found[0] == keys)
+    if known is not None:
         return known[1]
     section = _key_section(keys)
     _ENCODED_MEMO.put(memo_key, (list(keys), section), len(keys))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -46,9 +47,10 @@ class _KeyMemo:
         self._held = 0
         self.hits = self.misses = 0
 
-    def get(self, raw: Any) -> Any:
+    def get(self, raw: Any, valid: Callable[[Any], bool] | None = None) -> Any:
+        """What ``raw`` maps to (None: nothing, or what ``valid`` refuses)."""
         found = self._memo.get(raw)
-        if found is not None:
+        if found is not None and (valid is None or valid(found[0])):
             self._memo.move_to_end(raw)
             self.hits += 1
             return found[0]

@@ -199,10 +199,12 @@ def test_a_reference_the_node_does_not_hold_is_answered_by_sending_the_keys(serv
             await c.fetch(keys[:3], layout, "shm")  # the session exists
             # This process believes it named the keys under a reference the node never saw (as after a node restart
             # that kept the session, or a name the node let go of).
-            c._local._names._names[(len(keys), keys[0], keys[-1])] = (list(keys), b"\x07" * 16)
+            at = (len(keys), keys[0], keys[-1])
+            c._local._names._names[at] = (list(keys), b"\x07" * 16)
             before = _resolved(server)
             got, _ = await c.fetch(keys, layout, "shm")
             assert np.array_equal(got, reference(layout, chunks))
+            assert c._local._names._names[at][1] != b"\x07" * 16  # the reference was refused and the keys named afresh
             again, _ = await c.fetch(keys, layout, "shm")  # named afresh by the retry: by reference from now on
             assert np.array_equal(again, reference(layout, chunks)) and _resolved(server) == before + 1
 

@@ -186,6 +186,24 @@ def test_a_layer_late_past_the_timeout_fails_the_load_and_never_lands_afterwards
     assert not caches[NAMES[1]].any() and not caches[NAMES[2]].any(), "a layer landed after the load was given up"
 
 
+def test_with_the_whole_load_first_one_timeout_fails_the_load(parts, gated_node):
+    """Stalled after layer 0 landed: layer 0's wait (for the last layer) gives up once, and the load is failed then, not
+    after one more timeout per layer that had landed."""
+    worker, _ = parts
+    keys = chunk_keys(np.arange(2 * T) + 5, T, "worker-whole-late")
+    _save(worker, keys, [0, 1])
+    from client_sdk.vllm_connector.plan import ChunkTransfer
+
+    w, caches = worker(timeout=0.5, overlap="whole")
+    gated_node.gate.hold_before(1)
+    w.start_load([ChunkTransfer("r", tuple(keys), (2, 3))])
+    w.wait_for_layer(NAMES[0])  # layer 0 is in, the last layer is not: gives up after 0.5 s
+    assert caches[NAMES[0]][[2, 3]].any()
+    assert w.stats["failed_loads"] == 1 and w._load.abandoned
+    assert w.failed_blocks() == {2, 3}
+    gated_node.gate.open()
+
+
 @pytest.mark.parametrize("shape, why", [
     ((BLOCKS, T, HEADS, 2 * D), "block_size in dim 1 (a [num_blocks, block_size, heads, 2·D] layout)"),
     ((2, BLOCKS, T, HEADS, D), "FlashAttention's [2, num_blocks, block_size, heads, D]"),

@@ -42,3 +42,12 @@ def test_the_keys_held_are_bounded_across_sessions():
     assert lists.named(A, R1) is None and lists.named(B, R1) == ["b"] * 3
     lists.name(A, R2, ["c"] * 6)  # larger than the whole bound: not held
     assert lists.named(A, R2) is None and lists.status() == {"lists": 1, "keys": 3, "resolved": 1}
+
+
+def test_the_lists_held_are_bounded_in_number_too():
+    lists = SessionKeyLists(max_lists=2)
+    lists.name(A, R1, ["a"])
+    lists.name(B, R1, ["b"])
+    assert lists.named(A, R1) == ["a"]  # B's list is now the least recently used
+    lists.name(A, R2, ["c"])
+    assert lists.named(B, R1) is None and lists.named(A, R1) == ["a"] and lists.named(A, R2) == ["c"]
