@@ -68,7 +68,6 @@ class LocalSession:
 
     def forget(self) -> None:
         self._grant = None
-        self._names.clear()  # a new session knows none of the old one's names
 
     def available(self) -> bool:
         """False while an optional session stepped aside (see :class:`FastPathUnavailable`)."""
@@ -100,7 +99,7 @@ class LocalSession:
                 grant = SessionGrant.from_json(decode_reply(await reply._read_line()))
                 reply.close()
                 self._socket, self._grant, self._pid = ticket.socket, grant, os.getpid()
-                self._names.clear()
+                self._names.clear()  # a new session knows none of the old one's names
                 self._expires = time.monotonic() + grant.expires_in_s
             return self._grant
 

@@ -185,15 +185,11 @@ def _key_section(keys: list[str]) -> tuple[bytes, bytes, bool]:
 
 
 def _encoded_keys(keys: list[str]) -> tuple[bytes, bytes, bool]:
-    """:func:`_key_section`, remembered for keys equal to ones encoded before (see :data:`~protocol.wire.keys._ENCODED_MEMO`)."""
-    if not keys:
-        return _key_section(keys)
-    memo_key = (len(keys), keys[0], keys[-1])
-    known = _ENCODED_MEMO.get(memo_key, lambda found: found[0] == keys)
-    if known is not None:
-        return known[1]
-    section = _key_section(keys)
-    _ENCODED_MEMO.put(memo_key, (list(keys), section), len(keys))
+    """:func:`_key_section`, remembered for keys equal to ones encoded before."""
+    section = _ENCODED_MEMO.find(keys)
+    if section is None:
+        section = _key_section(keys)
+        _ENCODED_MEMO.remember(keys, section)
     return section
 
 

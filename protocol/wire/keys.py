@@ -37,7 +37,7 @@ class KeyList(list):
         return len(set(self))
 
 
-class _KeyMemo:
+class KeyMemo:
     """Key lists already decoded (by their section's exact bytes) or encoded (by the keys), least recently used
     dropped first; bounded in lists and in the keys they hold."""
 
@@ -69,12 +69,28 @@ class _KeyMemo:
         while len(self._memo) > self.lists or self._held > self.keys:
             self._held -= self._memo.popitem(last=False)[1][1]
 
+    # By the keys themselves: found by (count, first key, last key), then checked equal to a copy of the keys. A tuple
+    # of the keys as the memo key was built and hashed twice (get, move_to_end) on every kv-get, 79 µs of a 3,584-key
+    # kv-get's client prologue (timeit); the check is 3 µs.
+    def find(self, keys: list[str]) -> Any:
+        """What was remembered for keys equal to ``keys`` (None: nothing)."""
+        if not keys:
+            return None
+        found = self.get((len(keys), keys[0], keys[-1]), lambda held: held[0] == keys)
+        return None if found is None else found[1]
 
-_KEY_MEMO = _KeyMemo()
-# A client fetching the same prefix again encodes its keys once. Found by (count, first key, last key) and then
-# checked equal to a copy of the keys: a tuple of the keys as the memo key was built and hashed twice (get,
-# move_to_end) on every kv-get, 79 µs of a 3,584-key kv-get's client prologue (timeit); the check is 3 µs.
-_ENCODED_MEMO = _KeyMemo()
+    def remember(self, keys: list[str], value: Any) -> None:
+        """``value`` for ``keys`` (a copy of them is kept: a list changed in place is not found again)."""
+        if keys:
+            self.put((len(keys), keys[0], keys[-1]), (list(keys), value), len(keys))
+
+    def clear(self) -> None:
+        self._memo.clear()
+        self._held = 0
+
+
+_KEY_MEMO = KeyMemo()
+_ENCODED_MEMO = KeyMemo()  # a client fetching the same prefix again encodes its keys once (by the keys: find)
 
 _KEYS_HEAD = struct.Struct("<4sHI")  # magic, prefix length, key count
 

@@ -199,12 +199,11 @@ def test_a_reference_the_node_does_not_hold_is_answered_by_sending_the_keys(serv
             await c.fetch(keys[:3], layout, "shm")  # the session exists
             # This process believes it named the keys under a reference the node never saw (as after a node restart
             # that kept the session, or a name the node let go of).
-            at = (len(keys), keys[0], keys[-1])
-            c._local._names._names[at] = (list(keys), b"\x07" * 16)
+            c._local._names.refs.remember(keys, b"\x07" * 16)
             before = _resolved(server)
             got, _ = await c.fetch(keys, layout, "shm")
             assert np.array_equal(got, reference(layout, chunks))
-            assert c._local._names._names[at][1] != b"\x07" * 16  # the reference was refused and the keys named afresh
+            assert c._local._names.refs.find(keys) != b"\x07" * 16  # the reference was refused and the keys named afresh
             again, _ = await c.fetch(keys, layout, "shm")  # named afresh by the retry: by reference from now on
             assert np.array_equal(again, reference(layout, chunks)) and _resolved(server) == before + 1
 
@@ -231,7 +230,7 @@ def test_a_reference_names_nothing_on_another_session(server, tenants, stored, s
                 local_client(server, tenants["alice"], bucket) as alice_again, \
                 local_client(server, tenants["bob"], "local-session-refs-bob") as bob:
             await alice.fetch(keys, layout, "shm")
-            (_, ref), = [v for v in alice._local._names._names.values() if v[0] == keys]
+            ref = alice._local._names.refs.find(keys)
             shm = alice._destinations[TransportKind.SHM]
             dest = await shm.acquire(layout.payload_bytes(len(keys)), None)
             try:
