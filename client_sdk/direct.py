@@ -39,6 +39,8 @@ class DirectFrameStream:
         self._burst = memoryview(bytearray(FRAME_BURST))
         self._waiter: asyncio.Future[None] | None = None
         self._watching: asyncio.AbstractEventLoop | None = None  # the loop the socket's reader is registered with
+        self._deadline = 0.0  # loop time by which the wait in progress must have had bytes
+        self._watchdog: asyncio.TimerHandle | None = None  # one timer for the stream's read timeout (see _readable)
         self._eof = False
         self.accepted: KVGetAccepted | None = None
         self.grant: DirectGrant | None = None
@@ -88,18 +90,30 @@ class DirectFrameStream:
         self._sock.close()
 
     def _unwatch(self) -> None:
-        """The socket's reader off the loop it was registered with."""
+        """The socket's reader off the loop it was registered with (and the read timeout's timer cancelled)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         loop, self._watching = self._watching, None
         if loop is not None and not loop.is_closed() and self._sock.fileno() >= 0:
             loop.remove_reader(self._sock.fileno())
 
-    async def _readable(self) -> None:
-        """Until the socket has bytes. The reader stays registered while each wait begins before the next bytes arrive
-        (a layer stream: one wait per LAYER frame), and is removed when bytes arrive that nobody waits for (no busy
-        loop while the caller computes): asyncio's ``sock_recv_into`` added and removed it on every wait, two
-        ``epoll_ctl`` and the selector's bookkeeping per layer (py-spy, shm G64x64: a quarter of the client's loop)."""
+    async def _readable(self, deadline: float) -> None:
+        """Until the socket has bytes; TimeoutError if none came by ``deadline`` (loop time). The reader stays registered
+        while each wait begins before the next bytes arrive (a layer stream: one wait per LAYER frame), and is removed
+        when bytes arrive that nobody waits for (no busy loop while the caller computes): asyncio's ``sock_recv_into``
+        added and removed it on every wait, two ``epoll_ctl`` and the selector's bookkeeping per layer (py-spy, shm
+        G64x64: a quarter of the client's loop).
+
+        The deadline is one timer per stream, not one per wait: it fires at the deadline it was set for, and when the
+        wait in progress began later (a later deadline) it is set again for that one. An ``asyncio.timeout`` per wait
+        scheduled and cancelled a timer for every LAYER frame (cProfile, shm G64x64: a fifth of the client's time
+        reading a stream)."""
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
+        self._deadline = deadline
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadline, self._on_deadline)
         if self._watching is None:
             loop.add_reader(self._sock.fileno(), self._on_readable)
             self._watching = loop
@@ -107,6 +121,16 @@ class DirectFrameStream:
             await self._waiter
         finally:
             self._waiter = None
+
+    def _on_deadline(self) -> None:
+        waiter, self._watchdog = self._waiter, None
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one sets the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._watchdog = loop.call_at(self._deadline, self._on_deadline)
+        else:
+            waiter.set_exception(TimeoutError())
 
     def _on_readable(self) -> None:
         waiter = self._waiter
@@ -124,13 +148,20 @@ class DirectFrameStream:
             view[:n] = self._pending[:n]
             self._pending = self._pending[n:]
             return n
+        try:  # bytes already waiting (frames the server wrote while this process handled the last one): no deadline to set up
+            return self._sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return 0
+        deadline = asyncio.get_running_loop().time() + self._timeout
         try:
-            async with asyncio.timeout(self._timeout):  # a deadline, not a task per wait (wait_for would make one)
-                while True:
-                    try:
-                        return self._sock.recv_into(view)
-                    except (BlockingIOError, InterruptedError):
-                        await self._readable()
+            while True:
+                await self._readable(deadline)
+                try:
+                    return self._sock.recv_into(view)
+                except (BlockingIOError, InterruptedError):
+                    pass
         except TimeoutError:
             self.broken = True
             bound = "the peer's stall bound" if self.grant is not None and self.grant.peer and self._timeout == self.grant.stall_s else "read_timeout"

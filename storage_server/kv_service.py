@@ -397,20 +397,34 @@ def _cpus() -> int:
 
 
 async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[TransferStats], writer: asyncio.StreamWriter) -> TransferStats:
-    """Run ``work`` but stop it as soon as the peer closes the connection (even while paused), or when the
-    caller is cancelled itself (shutdown): ``work`` never outlives this call."""
-    task = asyncio.ensure_future(work)
+    """Run ``work`` in this task but stop it as soon as the peer closes the connection (even while paused), or when
+    this task is cancelled itself (shutdown): ``work`` never outlives this call.
+
+    ``work`` runs in the caller's task, the watcher cancelling it when the peer goes: a task of its own beside the
+    watcher (``asyncio.wait`` on both) cost two trips through the event loop per kv-get, one before its first read
+    and one after its last frame (timestamps, shm G64x64: 0.09 and 0.035 ms)."""
+    task = asyncio.current_task()
+    assert task is not None
     watcher = asyncio.ensure_future(reader.read(1))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            raise ConnectionAbortedError("the gateway closed the stream")
-        return task.result()
-    finally:
-        watcher.cancel()
-        if not task.done():
+    running, gone = True, False
+
+    def peer_gone(_: asyncio.Future) -> None:
+        nonlocal gone
+        if running:
+            gone = True
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+
+    watcher.add_done_callback(peer_gone)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:  # our own cancel, nobody else's (a shutdown's goes on)
+            raise ConnectionAbortedError("the gateway closed the stream") from None
+        raise
+    finally:
+        running = False
+        watcher.remove_done_callback(peer_gone)
+        watcher.cancel()
         # The watcher's read ends before the connection's next (a session connection serves another kv-get after this
         # one: a read still waiting made that one's fail). A byte it took mid-transfer breaks the stream: the client
         # sends nothing until the END frame, so such a connection is not kept.

@@ -1,11 +1,15 @@
 """The direct frame stream's reads over a real socket pair: a burst of frames parsed from one receive, a payload that
 began inside that receive, waits that keep the socket's reader registered, and a closed stream leaving no reader behind
-(its descriptor number is reused by the next socket)."""
+(its descriptor number is reused by the next socket), and the read timeout: one timer per stream, moved on by
+waits that got their bytes, firing only on a stream silent for the whole timeout."""
 
 import asyncio
 import socket
 
+import pytest
+
 from client_sdk.direct import FRAME_BURST, DirectFrameStream
+from protocol.errors import ErrorCode, S3Error
 from protocol.wire import FrameType, pack_frame
 
 
@@ -66,4 +70,41 @@ def test_end_of_stream_while_waiting():
         theirs.close()
         assert await asyncio.wait_for(pending, 30) is None and stream.broken
         stream.close()
+    asyncio.run(main())
+
+
+def test_a_stream_silent_for_its_read_timeout_is_broken_with_request_timeout():
+    async def main():
+        ours, theirs = _pair()
+        stream = DirectFrameStream(ours, read_timeout=0.3)
+        # Frames every 0.1 s for 0.9 s: each wait has its bytes in time, though the stream lasts three timeouts
+        # (the one timer set for the first wait's deadline is moved on, never fired on a wait that got its bytes).
+        for layer in range(9):
+            pending = asyncio.ensure_future(stream.next_frame())
+            await asyncio.sleep(0.1)
+            theirs.sendall(pack_frame(FrameType.LAYER, layer))
+            assert (await asyncio.wait_for(pending, 30)).layer == layer
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        with pytest.raises(S3Error) as e:
+            await stream.next_frame()
+        assert e.value.code is ErrorCode.RequestTimeout and "0.3 s" in e.value.message
+        assert 0.25 <= loop.time() - t < 5 and stream.broken
+        stream.close()
+        theirs.close()
+    asyncio.run(main())
+
+
+def test_a_closed_stream_leaves_no_timer_behind():
+    async def main():
+        ours, theirs = _pair()
+        stream = DirectFrameStream(ours, read_timeout=0.2)
+        pending = asyncio.ensure_future(stream.next_frame())
+        await asyncio.sleep(0.01)
+        theirs.sendall(pack_frame(FrameType.LAYER, 0))
+        await asyncio.wait_for(pending, 30)
+        assert stream._watchdog is not None  # set by the wait, still pending
+        stream.close()
+        assert stream._watchdog is None
+        theirs.close()
     asyncio.run(main())
