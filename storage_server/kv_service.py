@@ -173,9 +173,12 @@ class KVService:
                 return None if delegated is True else delegated
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
             # Raw chunks are exactly L·S bytes; any other is a compressed chunk whose header must agree (read here, off the loop).
-            # One count in C: a generator over the sizes read the descriptor's property per chunk, 1.0 ms for 3,584 chunks
-            # (timestamps in this method on the loaded machine: the largest step of a repeated prefix's setup).
-            headers = None if pinned.sizes.count(d.chunk_object_bytes) == len(pinned.sizes) else await self._headers(d, pinned)
+            # Counted in C once per resolved prefix and size: a generator over the sizes read the descriptor's property per
+            # chunk, 1.0 ms for 3,584 chunks; the count itself compares 3,584 int objects by value, 0.03-0.09 ms a kv-get.
+            raw = pinned.derived.get(("raw", d.chunk_object_bytes))
+            if raw is None:
+                raw = pinned.derived[("raw", d.chunk_object_bytes)] = pinned.sizes.count(d.chunk_object_bytes) == len(pinned.sizes)
+            headers = None if raw else await self._headers(d, pinned)
             if headers is not None and not copy_fds and self.copies is not None and self.copies.holds_any:
                 # The pin itself made the node's first copies (decoded as they streamed in from the upstream): a descriptor
                 # each for them if they fit now (never waiting while holding the chunks'), else this kv-get decodes them.
