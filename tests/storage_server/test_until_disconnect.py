@@ -1,0 +1,97 @@
+"""A transfer runs only while its client is there: ``_until_disconnect`` over a real socket. The peer closing stops the
+work at its next suspension (``ConnectionAbortedError``, the transfer's clean-up run); a byte the client sends
+mid-transfer stops it too and aborts the connection (it would be out of step for a kept connection's next request);
+a shutdown's cancel stays a cancel; work that ends first returns its result and leaves the connection readable for the
+next request (the watcher's read ended, nothing consumed)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from storage_server.kv_service import _until_disconnect
+
+
+async def _pair() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, socket.socket]:
+    """The server side's streams of a socket pair, and the client's plain socket."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    return reader, writer, theirs
+
+
+class Work:
+    """A transfer that waits on ``go`` (its suspension point) and records whether its clean-up ran."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.cleaned_up = False
+
+    async def __call__(self) -> str:
+        try:
+            await self.go.wait()
+            return "stats"
+        finally:
+            self.cleaned_up = True
+
+
+def test_work_that_ends_first_returns_and_the_connection_reads_on():
+    async def main():
+        reader, writer, client = await _pair()
+        work = Work()
+        work.go.set()
+        assert await _until_disconnect(reader, work(), writer) == "stats" and work.cleaned_up
+        client.sendall(b"next request\n")  # the watcher's read is over: the next request's bytes are all there
+        assert await asyncio.wait_for(reader.readline(), 10) == b"next request\n"
+        assert not writer.transport.is_closing()
+        writer.close()
+        client.close()
+    asyncio.run(main())
+
+
+def test_the_peer_closing_stops_the_work_as_a_disconnect():
+    async def main():
+        reader, writer, client = await _pair()
+        work = Work()
+        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
+        await asyncio.sleep(0.05)
+        assert not running.done()
+        client.close()
+        with pytest.raises(ConnectionAbortedError):
+            await asyncio.wait_for(running, 10)
+        assert work.cleaned_up
+        assert asyncio.current_task().cancelling() == 0
+        writer.close()
+    asyncio.run(main())
+
+
+def test_a_byte_mid_transfer_stops_the_work_and_aborts_the_connection():
+    async def main():
+        reader, writer, client = await _pair()
+        work = Work()
+        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
+        await asyncio.sleep(0.05)
+        client.sendall(b"x")
+        with pytest.raises(ConnectionAbortedError):
+            await asyncio.wait_for(running, 10)
+        assert work.cleaned_up and writer.transport.is_closing()
+        client.settimeout(10)
+        assert client.recv(1) == b""  # the server side is gone: the connection is not kept
+        client.close()
+    asyncio.run(main())
+
+
+def test_a_shutdown_cancel_stays_a_cancel():
+    async def main():
+        reader, writer, client = await _pair()
+        work = Work()
+        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
+        await asyncio.sleep(0.05)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert work.cleaned_up
+        writer.close()
+        client.close()
+    asyncio.run(main())
