@@ -245,6 +245,17 @@ def _read_paths(text: str) -> list[str]:
     return labels
 
 
+def _share(text: str) -> float:
+    """``--hit``: a share of the context, above 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--hit must be a share of the context in (0, 1], not {text!r}")
+    return value
+
+
 async def _settle() -> None:
     await asyncio.sleep(0.2)  # the restarted server's children are up (start_server returned at its banner)
 
@@ -259,7 +270,7 @@ def add_parser(sub) -> None:
     p.add_argument("--read-paths", type=_read_paths, default=list(POLICIES),
                    help="comma-separated NAME[@WINDOW_BYTES] (default page-cache,direct,planner); e.g. planner@0 beside planner: "
                         "the read-ahead all at once against the window, in one interleaved run")
-    p.add_argument("--hit", type=float, default=0.875,
+    p.add_argument("--hit", type=_share, default=0.875,
                    help="the share of the request's context the loaded prefix is (default 0.875): sets the modelled prefill compute")
     p.add_argument("--drop-all", action="store_true",
                    help="drop the whole page cache before each run (as before), not only the store's chunk files")

@@ -270,13 +270,13 @@ def targets(rows: list[dict]) -> dict[str, bool]:
                          ("ObjectCache-http", "Redis-MGET")):
         if all(ours in r["paths"] and theirs in r["paths"] for r in rows):
             met[f"{ours} ≥ {theirs} at every size"] = all(r["paths"][ours]["gb_per_s"] >= r["paths"][theirs]["gb_per_s"] for r in rows)
-            if len(table) == len(ISSUE_TABLE):
+            if {(r["chunk_tokens"], r["chunks"]) for r in table} == set(ISSUE_TABLE):  # every size of it (--cases may repeat one)
                 met[f"{ours} ≥ {theirs} at every size of the issue's table ({table_name})"] = all(
                     r["paths"][ours]["gb_per_s"] >= r["paths"][theirs]["gb_per_s"] for r in table)
-    for r in rows:
-        if (r["chunk_tokens"], r["chunks"]) == FIRST_LAYER_CASE and "ObjectCache-shm-local" in r["paths"]:
-            met[f"ObjectCache-shm-local's first layer of G16×3584 ≤ {FIRST_LAYER_GOAL_MS:g} ms"] = (
-                r["paths"]["ObjectCache-shm-local"]["first_layer_ms"] <= FIRST_LAYER_GOAL_MS)
+    first = [r["paths"]["ObjectCache-shm-local"]["first_layer_ms"] for r in rows
+             if (r["chunk_tokens"], r["chunks"]) == FIRST_LAYER_CASE and "ObjectCache-shm-local" in r["paths"]]
+    if first:  # every run of that case (--cases may repeat it)
+        met[f"ObjectCache-shm-local's first layer of G16×3584 ≤ {FIRST_LAYER_GOAL_MS:g} ms"] = all(ms <= FIRST_LAYER_GOAL_MS for ms in first)
     return met
 
 

@@ -28,7 +28,7 @@ FRAME_BURST = 4096
 class DirectFrameStream:
     """Same reading interface as :class:`client_sdk.frames.FrameStream`, over the data endpoint's socket."""
 
-    def __init__(self, sock: socket.socket, read_timeout: float, keep: Callable[["DirectFrameStream"], None] | None = None) -> None:
+    def __init__(self, sock: socket.socket, read_timeout: float | None, keep: Callable[["DirectFrameStream"], None] | None = None) -> None:
         self._sock = sock
         # Where a stream that ended cleanly gives its connection back (the session socket's kept connections).
         self.keep = keep
@@ -39,7 +39,7 @@ class DirectFrameStream:
         self._burst = memoryview(bytearray(FRAME_BURST))
         self._waiter: asyncio.Future[None] | None = None
         self._watching: asyncio.AbstractEventLoop | None = None  # the loop the socket's reader is registered with
-        self._deadline = 0.0  # loop time by which the wait in progress must have had bytes
+        self._deadline: float | None = None  # loop time by which the wait in progress must have had bytes (None: no read timeout)
         self._watchdog: asyncio.TimerHandle | None = None  # one timer for the stream's read timeout (see _readable)
         self._eof = False
         self.accepted: KVGetAccepted | None = None
@@ -98,8 +98,8 @@ class DirectFrameStream:
         if loop is not None and not loop.is_closed() and self._sock.fileno() >= 0:
             loop.remove_reader(self._sock.fileno())
 
-    async def _readable(self, deadline: float) -> None:
-        """Until the socket has bytes; TimeoutError if none came by ``deadline`` (loop time). The reader stays registered
+    async def _readable(self, deadline: float | None) -> None:
+        """Until the socket has bytes; TimeoutError if none came by ``deadline`` (loop time; None: no deadline). The reader stays registered
         while each wait begins before the next bytes arrive (a layer stream: one wait per LAYER frame), and is removed
         when bytes arrive that nobody waits for (no busy loop while the caller computes): asyncio's ``sock_recv_into``
         added and removed it on every wait, two ``epoll_ctl`` and the selector's bookkeeping per layer (py-spy, shm
@@ -112,7 +112,7 @@ class DirectFrameStream:
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._deadline = deadline
-        if self._watchdog is None:
+        if self._watchdog is None and deadline is not None:
             self._watchdog = loop.call_at(deadline, self._on_deadline)
         if self._watching is None:
             loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -124,8 +124,8 @@ class DirectFrameStream:
 
     def _on_deadline(self) -> None:
         waiter, self._watchdog = self._waiter, None
-        if waiter is None or waiter.done():
-            return  # no wait in progress: the next one sets the timer again
+        if waiter is None or waiter.done() or self._deadline is None:
+            return  # no wait in progress (or none with a deadline): the next one sets the timer again
         loop = asyncio.get_running_loop()
         if loop.time() < self._deadline:
             self._watchdog = loop.call_at(self._deadline, self._on_deadline)
@@ -154,7 +154,7 @@ class DirectFrameStream:
             pass
         except OSError:
             return 0
-        deadline = asyncio.get_running_loop().time() + self._timeout
+        deadline = None if self._timeout is None else asyncio.get_running_loop().time() + self._timeout
         try:
             while True:
                 await self._readable(deadline)

@@ -408,6 +408,7 @@ async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[Transf
     and one after its last frame (timestamps, shm G64x64: 0.09 and 0.035 ms)."""
     task = asyncio.current_task()
     assert task is not None
+    before = task.cancelling()  # cancels asked of this task already (ours is told apart from them by the count)
     watcher = asyncio.ensure_future(reader.read(1))
     running, gone = True, False
 
@@ -419,11 +420,19 @@ async def _until_disconnect(reader: asyncio.StreamReader, work: Awaitable[Transf
 
     watcher.add_done_callback(peer_gone)
     try:
-        return await work
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:  # our own cancel, nobody else's (a shutdown's goes on)
-            raise ConnectionAbortedError("the gateway closed the stream") from None
-        raise
+        try:
+            result = await work
+        except (Exception, asyncio.CancelledError) as e:
+            running = False
+            # Our cancel taken back; the peer's going is what ended the work, whatever it raised on its way out (a read
+            # thread's error, a send to the closed socket). A cancel anyone else asked for (a shutdown) goes on as one.
+            if gone and task.uncancel() <= before:
+                raise ConnectionAbortedError("the client closed the stream") from e
+            raise
+        running = False
+        if gone:
+            task.uncancel()  # the work finished with our cancel swallowed (e.g. a wait_for whose result came in that turn)
+        return result
     finally:
         running = False
         watcher.remove_done_callback(peer_gone)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.memory_budget import _read_paths, _server_toml, evict_files
+from bench.memory_budget import _read_paths, _server_toml, _share, evict_files
 from protocol.config.load import load_config
 from storage_server.residency import page_cached
 
@@ -43,3 +43,10 @@ def test_only_the_chunk_files_leave_the_page_cache(tmp_path: Path):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_the_hit_share_is_above_zero_and_at_most_one():
+    assert _share("0.875") == 0.875 and _share("1") == 1.0
+    for bad in ("0", "-0.5", "1.5", "half"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--hit"):
+            _share(bad)

@@ -34,6 +34,7 @@ def test_targets_judge_every_size_run_and_the_issues_table_apart():
     table = [k for k in met if "issue's table" in k]
     assert len(table) == 1 and met[table[0]] is True
     assert not any("issue's table" in k for k in targets(rows[1:]))  # a run without the whole table does not judge it
+    assert not any("issue's table" in k for k in targets([rows[0], *rows[:3]]))  # nor one that repeats a size instead
     rows[0]["paths"]["Mooncake-shm"]["gb_per_s"] = 3.0
     assert targets(rows)[table[0]] is False
 
@@ -44,3 +45,6 @@ def test_first_layer_target_where_the_3584_chunk_prefix_was_run():
     assert targets([row]) == {"ObjectCache-shm-local's first layer of G16×3584 ≤ 3 ms": False}
     row["paths"]["ObjectCache-shm-local"]["first_layer_ms"] = FIRST_LAYER_GOAL_MS
     assert targets([row]) == {"ObjectCache-shm-local's first layer of G16×3584 ≤ 3 ms": True}
+    slower = _row(*FIRST_LAYER_CASE, **{"ObjectCache-shm-local": 1.0})
+    slower["paths"]["ObjectCache-shm-local"]["first_layer_ms"] = 3.5
+    assert targets([slower, row]) == {"ObjectCache-shm-local's first layer of G16×3584 ≤ 3 ms": False}  # every run of it

@@ -76,20 +76,20 @@ def test_end_of_stream_while_waiting():
 def test_a_stream_silent_for_its_read_timeout_is_broken_with_request_timeout():
     async def main():
         ours, theirs = _pair()
-        stream = DirectFrameStream(ours, read_timeout=0.3)
-        # Frames every 0.1 s for 0.9 s: each wait has its bytes in time, though the stream lasts three timeouts
-        # (the one timer set for the first wait's deadline is moved on, never fired on a wait that got its bytes).
-        for layer in range(9):
+        stream = DirectFrameStream(ours, read_timeout=1.0)
+        # Frames every 0.25 s for 2.5 s: each wait has its bytes in time, though the stream lasts two and a half
+        # timeouts (the one timer set for the first wait's deadline is moved on, never fired on a wait that got its bytes).
+        for layer in range(10):
             pending = asyncio.ensure_future(stream.next_frame())
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.25)
             theirs.sendall(pack_frame(FrameType.LAYER, layer))
             assert (await asyncio.wait_for(pending, 30)).layer == layer
         loop = asyncio.get_running_loop()
         t = loop.time()
         with pytest.raises(S3Error) as e:
             await stream.next_frame()
-        assert e.value.code is ErrorCode.RequestTimeout and "0.3 s" in e.value.message
-        assert 0.25 <= loop.time() - t < 5 and stream.broken
+        assert e.value.code is ErrorCode.RequestTimeout and "1 s" in e.value.message
+        assert 0.95 <= loop.time() - t < 10 and stream.broken
         stream.close()
         theirs.close()
     asyncio.run(main())
@@ -98,7 +98,7 @@ def test_a_stream_silent_for_its_read_timeout_is_broken_with_request_timeout():
 def test_a_closed_stream_leaves_no_timer_behind():
     async def main():
         ours, theirs = _pair()
-        stream = DirectFrameStream(ours, read_timeout=0.2)
+        stream = DirectFrameStream(ours, read_timeout=30)
         pending = asyncio.ensure_future(stream.next_frame())
         await asyncio.sleep(0.01)
         theirs.sendall(pack_frame(FrameType.LAYER, 0))
@@ -106,5 +106,19 @@ def test_a_closed_stream_leaves_no_timer_behind():
         assert stream._watchdog is not None  # set by the wait, still pending
         stream.close()
         assert stream._watchdog is None
+        theirs.close()
+    asyncio.run(main())
+
+
+def test_no_read_timeout_waits_with_no_timer():
+    async def main():
+        ours, theirs = _pair()
+        stream = DirectFrameStream(ours, read_timeout=None)  # the client's read_timeout=None: no deadline
+        pending = asyncio.ensure_future(stream.next_frame())
+        await asyncio.sleep(0.05)
+        assert not pending.done() and stream._watchdog is None
+        theirs.sendall(pack_frame(FrameType.LAYER, 0))
+        assert (await asyncio.wait_for(pending, 30)).layer == 0
+        stream.close()
         theirs.close()
     asyncio.run(main())

@@ -2,7 +2,8 @@
 work at its next suspension (``ConnectionAbortedError``, the transfer's clean-up run); a byte the client sends
 mid-transfer stops it too and aborts the connection (it would be out of step for a kept connection's next request);
 a shutdown's cancel stays a cancel; work that ends first returns its result and leaves the connection readable for the
-next request (the watcher's read ended, nothing consumed)."""
+next request (the watcher's read ended, nothing consumed). Whatever the work does with the cancel (raises something
+else on its way out, or swallows it and returns), no cancel of ours is left pending on the task."""
 
 from __future__ import annotations
 
@@ -60,8 +61,7 @@ def test_the_peer_closing_stops_the_work_as_a_disconnect():
         client.close()
         with pytest.raises(ConnectionAbortedError):
             await asyncio.wait_for(running, 10)
-        assert work.cleaned_up
-        assert asyncio.current_task().cancelling() == 0
+        assert work.cleaned_up and running.cancelling() == 0  # our cancel taken back: nothing left pending
         writer.close()
     asyncio.run(main())
 
@@ -94,4 +94,73 @@ def test_a_shutdown_cancel_stays_a_cancel():
         assert work.cleaned_up
         writer.close()
         client.close()
+    asyncio.run(main())
+
+
+def test_work_that_raises_something_else_once_cancelled_is_still_a_disconnect():
+    async def main():
+        reader, writer, client = await _pair()
+
+        async def work() -> str:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                raise OSError("a read thread failed as the transfer stopped") from None
+            return "stats"
+
+        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
+        await asyncio.sleep(0.05)
+        client.close()
+        with pytest.raises(ConnectionAbortedError) as e:
+            await asyncio.wait_for(running, 10)
+        assert isinstance(e.value.__cause__, OSError) and running.cancelling() == 0
+        writer.close()
+    asyncio.run(main())
+
+
+def test_work_that_swallows_the_cancel_returns_with_no_cancel_pending():
+    async def main():
+        reader, writer, client = await _pair()
+
+        async def work() -> str:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass  # as asyncio.wait_for does when its result came in the same turn as the cancel
+            return "stats"
+
+        async def kv_get() -> str:
+            stats = await _until_disconnect(reader, work(), writer)
+            await asyncio.sleep(0)  # what follows (the END frame's send) is not cancelled by a leftover request
+            return stats
+
+        running = asyncio.ensure_future(kv_get())
+        await asyncio.sleep(0.05)
+        client.close()
+        assert await asyncio.wait_for(running, 10) == "stats" and running.cancelling() == 0
+        writer.close()
+    asyncio.run(main())
+
+
+def test_a_cancel_left_from_before_does_not_turn_a_disconnect_into_a_cancel():
+    async def main():
+        reader, writer, client = await _pair()
+        work = Work()
+
+        async def kv_get() -> str:
+            task = asyncio.current_task()
+            task.cancel()  # a cancel asked earlier and swallowed, its count never taken back
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pass
+            assert task.cancelling() == 1
+            return await _until_disconnect(reader, work(), writer)
+
+        running = asyncio.ensure_future(kv_get())
+        await asyncio.sleep(0.05)
+        client.close()
+        with pytest.raises(ConnectionAbortedError):
+            await asyncio.wait_for(running, 10)
+        writer.close()
     asyncio.run(main())
