@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import subprocess
 import sys
 
@@ -11,7 +13,8 @@ import pytest
 from kvsupport import keys_for, make_chunks, reference, rpc, run, tiny_layout
 
 from client_sdk import ObjectCacheClient, ObjectCacheError
-from protocol.rpc import Op, RpcRequest, decode_reply
+from protocol.errors import ErrorCode, S3Error
+from protocol.rpc import Op, RpcRequest, decode_reply, encode_error
 from protocol.wire import Descriptor, Mode, TransportKind, encode_descriptor
 
 
@@ -165,6 +168,46 @@ def test_kv_gets_reuse_the_session_connection_and_a_closed_one_is_replaced(serve
             assert np.array_equal(payload, want)
             assert status()["connections"] - after["connections"] == 1
             assert rpc(server.rpc_socket, "status")["regions"] == regions
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("answer", ["closed unread", "RequestTimeout"])
+def test_a_kept_connection_the_node_lets_go_of_as_the_request_is_sent_is_retried_once_on_a_new_one(server, tenants, stored, answer):
+    """The race a peek cannot see: the kept connection reads as open, and the node closes it (idle past its request
+    timeout) as the next kv-get is sent: closed with the request unread, or with its RequestTimeout line. That kv-get
+    never ran, so the SDK sends it once more on a new connection, and it delivers every layer. Scripted here by
+    swapping the kept connection for a socket pair's end."""
+    bucket, layout, keys, chunks = stored
+    want = reference(layout, chunks)
+    status = lambda: rpc(server.rpc_socket, "status")["local_sessions"]  # noqa: E731
+
+    async def scenario():
+        async with local_client(server, tenants["alice"], bucket) as c:
+            await c.fetch(keys, layout, "shm")  # registered, one connection kept
+            c._local.close_idle()
+            ours, theirs = socket.socketpair()
+            ours.setblocking(False)
+            c._local._idle.append(ours)
+            got = bytearray()
+
+            def node_lets_go() -> None:  # what the node's side of that connection does
+                theirs.settimeout(30)
+                while b"\n" not in got:
+                    got.extend(theirs.recv(65536))
+                if answer == "RequestTimeout":
+                    theirs.sendall(encode_error(S3Error(ErrorCode.RequestTimeout, "idle past the request timeout")))
+                theirs.close()
+
+            before = status()
+            node = asyncio.get_running_loop().run_in_executor(None, node_lets_go)
+            payload, _ = await c.fetch(keys, layout, "shm")
+            await node
+            assert np.array_equal(payload, want)
+            assert json.loads(bytes(got).split(b"\n", 1)[0])["op"] == Op.KV_GET.value  # the kv-get went to the let-go connection
+            after = status()
+            assert after["kv_gets"] - before["kv_gets"] == 1  # only the retry reached the node
+            assert after["connections"] - before["connections"] == 1  # on a new connection
 
     run(scenario())
 
