@@ -99,11 +99,12 @@ class DirectFrameStream:
             loop.remove_reader(self._sock.fileno())
 
     async def _readable(self, deadline: float | None) -> None:
-        """Until the socket has bytes; TimeoutError if none came by ``deadline`` (loop time; None: no deadline). The reader stays registered
-        while each wait begins before the next bytes arrive (a layer stream: one wait per LAYER frame), and is removed
-        when bytes arrive that nobody waits for (no busy loop while the caller computes): asyncio's ``sock_recv_into``
-        added and removed it on every wait, two ``epoll_ctl`` and the selector's bookkeeping per layer (py-spy, shm
-        G64x64: a quarter of the client's loop).
+        """Until the socket has bytes; TimeoutError if none came by ``deadline`` (loop time; None: no deadline).
+
+        The reader stays registered while each wait begins before the next bytes arrive (a layer stream: one wait per
+        LAYER frame), and is removed when bytes arrive that nobody waits for (no busy loop while the caller computes):
+        asyncio's ``sock_recv_into`` added and removed it on every wait, two ``epoll_ctl`` and the selector's
+        bookkeeping per layer (py-spy, shm G64x64: a quarter of the client's loop).
 
         The deadline is one timer per stream, not one per wait: it fires at the deadline it was set for, and when the
         wait in progress began later (a later deadline) it is set again for that one. An ``asyncio.timeout`` per wait
