@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -37,6 +38,16 @@ class Work:
             self.cleaned_up = True
 
 
+async def _client_leaves(kv_get: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[str]]) -> tuple[asyncio.Task, asyncio.StreamWriter]:
+    """``kv_get(reader, writer)`` started, and its client gone while it runs: the running task and the server's writer."""
+    reader, writer, client = await _pair()
+    running = asyncio.ensure_future(kv_get(reader, writer))
+    await asyncio.sleep(0.05)
+    assert not running.done()
+    client.close()
+    return running, writer
+
+
 def test_work_that_ends_first_returns_and_the_connection_reads_on():
     async def main():
         reader, writer, client = await _pair()
@@ -53,12 +64,8 @@ def test_work_that_ends_first_returns_and_the_connection_reads_on():
 
 def test_the_peer_closing_stops_the_work_as_a_disconnect():
     async def main():
-        reader, writer, client = await _pair()
         work = Work()
-        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
-        await asyncio.sleep(0.05)
-        assert not running.done()
-        client.close()
+        running, writer = await _client_leaves(lambda reader, writer: _until_disconnect(reader, work(), writer))
         with pytest.raises(ConnectionAbortedError):
             await asyncio.wait_for(running, 10)
         assert work.cleaned_up and running.cancelling() == 0  # our cancel taken back: nothing left pending
@@ -98,19 +105,15 @@ def test_a_shutdown_cancel_stays_a_cancel():
 
 
 def test_work_that_raises_something_else_once_cancelled_is_still_a_disconnect():
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise OSError("a read thread failed as the transfer stopped") from None
+        return "stats"
+
     async def main():
-        reader, writer, client = await _pair()
-
-        async def work() -> str:
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                raise OSError("a read thread failed as the transfer stopped") from None
-            return "stats"
-
-        running = asyncio.ensure_future(_until_disconnect(reader, work(), writer))
-        await asyncio.sleep(0.05)
-        client.close()
+        running, writer = await _client_leaves(lambda reader, writer: _until_disconnect(reader, work(), writer))
         with pytest.raises(ConnectionAbortedError) as e:
             await asyncio.wait_for(running, 10)
         assert isinstance(e.value.__cause__, OSError) and running.cancelling() == 0
@@ -119,47 +122,38 @@ def test_work_that_raises_something_else_once_cancelled_is_still_a_disconnect():
 
 
 def test_work_that_swallows_the_cancel_returns_with_no_cancel_pending():
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # as asyncio.wait_for does when its result came in the same turn as the cancel
+        return "stats"
+
+    async def kv_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        stats = await _until_disconnect(reader, work(), writer)
+        await asyncio.sleep(0)  # what follows (the END frame's send) is not cancelled by a leftover request
+        return stats
+
     async def main():
-        reader, writer, client = await _pair()
-
-        async def work() -> str:
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                pass  # as asyncio.wait_for does when its result came in the same turn as the cancel
-            return "stats"
-
-        async def kv_get() -> str:
-            stats = await _until_disconnect(reader, work(), writer)
-            await asyncio.sleep(0)  # what follows (the END frame's send) is not cancelled by a leftover request
-            return stats
-
-        running = asyncio.ensure_future(kv_get())
-        await asyncio.sleep(0.05)
-        client.close()
+        running, writer = await _client_leaves(kv_get)
         assert await asyncio.wait_for(running, 10) == "stats" and running.cancelling() == 0
         writer.close()
     asyncio.run(main())
 
 
 def test_a_cancel_left_from_before_does_not_turn_a_disconnect_into_a_cancel():
+    async def kv_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        task = asyncio.current_task()
+        task.cancel()  # a cancel asked earlier and swallowed, its count never taken back
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            pass
+        assert task.cancelling() == 1
+        return await _until_disconnect(reader, Work()(), writer)
+
     async def main():
-        reader, writer, client = await _pair()
-        work = Work()
-
-        async def kv_get() -> str:
-            task = asyncio.current_task()
-            task.cancel()  # a cancel asked earlier and swallowed, its count never taken back
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                pass
-            assert task.cancelling() == 1
-            return await _until_disconnect(reader, work(), writer)
-
-        running = asyncio.ensure_future(kv_get())
-        await asyncio.sleep(0.05)
-        client.close()
+        running, writer = await _client_leaves(kv_get)
         with pytest.raises(ConnectionAbortedError):
             await asyncio.wait_for(running, 10)
         writer.close()
