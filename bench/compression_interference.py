@@ -50,18 +50,20 @@ def _pin(cores: set[int] | None) -> None:
 
 def _decode_loop(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, go, stop, out_q, workers: int) -> None:
     """``workers`` threads decoding ``blobs`` round and round until ``stop``; puts raw GB/s decoded."""
+    from client_sdk.decoding import BATCH_BYTES
     from protocol.codecs import CODEC_NAMES
 
     codec = CODEC_NAMES[codec_name]
     done = [0] * workers
+    per = max(1, BATCH_BYTES // slice_bytes)  # slices per call, as the SDK's and the node's decoders batch them
 
     def worker(w: int) -> None:
-        dest = np.empty(slice_bytes, np.uint8)
-        i = w
+        dest = np.empty(per * slice_bytes, np.uint8)
+        i = w * per
         while not stop.is_set():
-            codec.decode(blobs[i % len(blobs)], dest, "bfloat16", layout)
-            done[w] += slice_bytes
-            i += workers
+            codec.decode_many([blobs[(i + k) % len(blobs)] for k in range(per)], dest, "bfloat16", layout)
+            done[w] += per * slice_bytes
+            i += workers * per
 
     threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(workers)]
     out_q.put(("ready", 0.0))

@@ -1,12 +1,13 @@
 """Measured pieces of ``bench compression``: codec throughput per core and a paced link feeding a decode pool.
 
 ``codec_figures``: per codec, the compression ratio, encode and decode GB/s on one core (raw bytes per
-second) and on a pool of ``workers`` threads, over a dataset's layer slices; lossless ones checked bit-exact.
+second) and on a pool of ``workers`` threads, over a dataset's layer slices, decoded as the SDK's pool does
+(batches of neighbouring slices, ``Codec.decode_many``); lossless ones checked bit-exact.
 
 ``paced_load``: one KV load over a real socket paced by a token bucket (``scheduler.pacing``): the sender
 writes each layer's encoded pieces at the link's rate, the receiver hands each piece to a pool of
-``workers`` decode threads that write raw bytes into one pre-allocated destination (raw pieces are
-received straight into it). A layer is ready when its last piece is decoded; the ready times are measured.
+``workers`` decode threads that write raw bytes into one pre-allocated destination, a piece's slices in one
+``Codec.decode_many`` (raw pieces are received straight into it). A layer is ready when its last piece is decoded; the ready times are measured.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from client_sdk.decoding import BATCH_BYTES
 from protocol.codecs import CODEC_NAMES, SliceLayout
 from scheduler.pacing import TokenBucket
 
@@ -63,18 +65,22 @@ def codec_figures(sample: KVSample, names: list[str], workers: int, min_s: float
     for name in names:
         codec = CODEC_NAMES[name]
         blobs = [codec.encode(s, DTYPE, sample.layout) for s in sample.slices]
-        dests = [np.empty(sample.slice_bytes, np.uint8) for _ in sample.slices]
         encode_s = _timed(lambda: [codec.encode(s, DTYPE, sample.layout) for s in sample.slices], min_s)
 
-        def decode_all(idx: range = range(len(blobs))) -> None:
+        per = max(1, BATCH_BYTES // sample.slice_bytes)  # slices per call, as the SDK's decode pool batches them
+        batches = [range(i, min(i + per, len(blobs))) for i in range(0, len(blobs), per)]
+        outs = [np.empty(len(b) * sample.slice_bytes, np.uint8) for b in batches]
+
+        def decode_all(idx: range = range(len(batches))) -> None:
             for i in idx:
-                codec.decode(blobs[i], dests[i], DTYPE, sample.layout)
+                codec.decode_many([blobs[k] for k in batches[i]], outs[i], DTYPE, sample.layout)
 
         one_core_s = _timed(decode_all, min_s)
         with ThreadPoolExecutor(workers) as pool:
-            shards = [range(w, len(blobs), workers) for w in range(workers)]
+            shards = [range(w, len(batches), workers) for w in range(workers)]
             pool_s = _timed(lambda: list(pool.map(decode_all, shards)), min_s)
         decode_all()
+        dests = [out[k * sample.slice_bytes : (k + 1) * sample.slice_bytes] for out, b in zip(outs, batches) for k in range(len(b))]
         exact, rel = None, 0.0
         if codec.lossy:
             rel = max(_rel_error(codec, s, d, sample.layout) for s, d in zip(sample.slices, dests))
@@ -202,11 +208,11 @@ def paced_load(payload: Payload, link_gbps: float, workers: int, verify: list[np
 
     def decode(layer: int, offset: int, blob: np.ndarray) -> None:
         try:
-            lengths, pos = head.unpack_from(blob), head.size
-            for j, length in enumerate(lengths):
-                out = dest[offset + j * slice_bytes: offset + (j + 1) * slice_bytes]
-                codec.decode(blob[pos:pos + length], out, DTYPE, payload.layout)
+            parts, pos = [], head.size
+            for length in head.unpack_from(blob):
+                parts.append(blob[pos:pos + length])
                 pos += length
+            codec.decode_many(parts, dest[offset:offset + n * slice_bytes], DTYPE, payload.layout)  # one lossy pass a piece
         except BaseException as e:  # reported after the run; the layer never becomes ready
             errors.append(e)
             all_ready.set()

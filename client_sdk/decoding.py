@@ -4,9 +4,9 @@ client; http and rdma).
 The node then sends each chunk's layer slice as stored (an ENCODED frame over http; over rdma the layer's slices
 packed into its place, a PACKED frame, copied out first); this process decodes it
 straight into its place in the destination on a bounded pool of its own threads (zstd and numpy
-release the GIL), apart from the engine's compute thread. A layer is handed to the caller only
-when every slice of it is decoded; at most ``2 × threads`` slices wait in memory, so a fast link
-cannot outrun the decoders without bound.
+release the GIL), apart from the engine's compute thread, neighbouring slices a batch at a time
+(``BATCH_BYTES``). A layer is handed to the caller only when every slice of it is decoded; at most
+``2 × threads`` batches wait in memory, so a fast link cannot outrun the decoders without bound.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ class SliceDecoder:
         with self._lock:
             return self._bytes / self._busy_s if self._busy_s > 0 else 0.0
 
-    def decode(self, what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
-        """:func:`decode_slice`, timed."""
+    def decode(self, slices: list[Slice], dest: memoryview) -> None:
+        """:func:`decode_slices`, timed."""
         t = time.perf_counter()
-        decode_slice(what, payload, dest, checksum)
+        decode_slices(slices, dest)
         with self._lock:
             self._bytes += len(dest)
             self._busy_s += time.perf_counter() - t
@@ -60,34 +60,75 @@ class SliceDecoder:
             self._pool = None
 
 
-def decode_slice(what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
-    """One ENCODED frame's payload decoded into ``dest`` (the slice's S bytes); ``checksum``: verify the encoded bytes."""
-    codec, dtype, layout = unpack_slice_head(what, payload)
-    body = memoryview(payload)[SLICE_HEAD.size :]
-    if checksum is not None and crc32c(body) != checksum:
-        raise S3Error(ErrorCode.BadDigest, f"{what}: the encoded slice failed its CRC32C check")
-    if layout.nbytes(dtype) != len(dest):
-        raise bad_chunk(what, "layout", f"decodes to {layout.nbytes(dtype)} bytes, the slice is {len(dest)}")
-    try:
-        codec.decode(body, np.frombuffer(dest, np.uint8), dtype, layout)
-    except CodecError as e:
-        raise bad_chunk(what, e.field, str(e)) from None
+Slice = tuple[str, bytes, "int | None"]  # an ENCODED frame's payload: (what it is, for errors; the bytes; their CRC32C)
+# A decode job: neighbouring slices up to this many decoded bytes, dequantised in one pass (Codec.decode_many): one
+# numpy call per 64 KiB slice gave the GIL away so often that two decode threads ran at half one thread's speed.
+BATCH_BYTES = 512 << 10
+
+
+def decode_slices(slices: list[Slice], dest: memoryview) -> None:
+    """ENCODED frames' payloads decoded into ``dest``, their slices back to back; each run of slices stored alike is
+    dequantised in one call. A slice's ``checksum``, when given, is verified over its encoded bytes."""
+    s = len(dest) // len(slices)
+    heads = []
+    for what, payload, checksum in slices:
+        codec, dtype, layout = unpack_slice_head(what, payload)
+        body = memoryview(payload)[SLICE_HEAD.size :]
+        if checksum is not None and crc32c(body) != checksum:
+            raise S3Error(ErrorCode.BadDigest, f"{what}: the encoded slice failed its CRC32C check")
+        if layout.nbytes(dtype) != s:
+            raise bad_chunk(what, "layout", f"decodes to {layout.nbytes(dtype)} bytes, the slice is {s}")
+        heads.append(((codec.id, dtype, layout), codec, body))
+    k = 0
+    while k < len(heads):
+        end = k + 1
+        while end < len(heads) and heads[end][0] == heads[k][0]:
+            end += 1
+        (_, dtype, layout), codec = heads[k][0], heads[k][1]
+        try:
+            codec.decode_many([h[2] for h in heads[k:end]], np.frombuffer(dest, np.uint8, (end - k) * s, k * s), dtype, layout)
+        except CodecError as e:
+            raise bad_chunk(slices[k + e.index][0], e.field, str(e)) from None
+        k = end
 
 
 class LayerDecodes:
     """The decodes of the layer being received: started as frames arrive, all awaited before the layer is handed out."""
 
-    def __init__(self, decoder: SliceDecoder) -> None:
+    def __init__(self, decoder: SliceDecoder, slice_bytes: int) -> None:
         self.decoder = decoder
         self.pending: list[asyncio.Future] = []
+        self._slice_bytes = slice_bytes
+        self._batch: list[Slice] = []  # slices not handed to the pool yet, landing at base[at : end]
+        self._base: memoryview | None = None
+        self._at = self._end = 0
         self._threads: list[concurrent.futures.Future] = []  # the same work, as the pool sees it (for drain)
 
-    async def start(self, what: str, payload: bytes, dest: memoryview, checksum: int | None) -> None:
+    async def start(self, what: str, payload: bytes, base: memoryview, at: int, checksum: int | None) -> None:
+        """Decode ``payload`` into ``base[at : at + S]``: joined to the slices before it where it continues them, the
+        batch handed to the pool once it holds BATCH_BYTES (or at :meth:`finish`)."""
+        if self._batch and (base is not self._base or at != self._end):
+            await self._submit()
+        if not self._batch:
+            self._base, self._at = base, at
+        self._batch.append((what, payload, checksum))
+        self._end = at + self._slice_bytes
+        if self._end - self._at >= BATCH_BYTES:
+            await self._submit()
+
+    async def _submit(self) -> None:
+        batch, self._batch = self._batch, []
         if len(self.pending) >= 2 * self.decoder.threads:
             await self.pending.pop(0)  # bounded: wait for the oldest before taking more bytes in
-        work = self.decoder.pool().submit(self.decoder.decode, what, payload, dest, checksum)
+        work = self.decoder.pool().submit(self.decoder.decode, batch, self._base[self._at : self._end])
         self._threads = [f for f in self._threads if not f.done()] + [work]
         self.pending.append(asyncio.wrap_future(work))
+
+    def abandon(self) -> list[asyncio.Future]:
+        """The slices not handed to the pool yet are dropped (a broken stream, an error); returns the decodes running."""
+        self._batch = []
+        pending, self.pending = self.pending, []
+        return pending
 
     async def drain(self) -> None:
         """Wait until no decode thread writes any more (errors ignored): before the destination is released or reused,
@@ -97,6 +138,8 @@ class LayerDecodes:
 
     async def finish(self) -> None:
         """Every decode started so far, done; the first failure raised only once none is still writing."""
+        if self._batch:
+            await self._submit()
         if not self.pending:  # decode="auto" and the node decoded: nothing to wait for on this layer
             return
         pending, self.pending = self.pending, []

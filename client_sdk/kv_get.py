@@ -104,7 +104,7 @@ class KVGets(SignedRequests):
         stream: LayerStream | None = None
         refused = True  # until a request is sent: the server answered it with an error (it wrote nothing)
         auto = decode == "auto" and kind in (TransportKind.HTTP, TransportKind.RDMA)
-        decodes = LayerDecodes(self._decoder) if decode == "client" or auto else None
+        decodes = LayerDecodes(self._decoder, layout.per_layer_chunk_bytes) if decode == "client" or auto else None
 
         unreachable: list[str] = []  # peers a grant named whose data endpoint did not answer: the kv-get was asked again
 

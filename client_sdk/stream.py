@@ -205,8 +205,7 @@ class LayerStream:
         self._resumes_left -= 1
         old.close()  # type: ignore[union-attr]
         if self._decodes is not None:  # slices of the broken layer still decoding: none writes once the new stream begins
-            pending, self._decodes.pending = self._decodes.pending, []
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.gather(*self._decodes.abandon(), return_exceptions=True)
             await self._decodes.drain()
         path = f"peer:{grant.peer}"
         self.stats.failovers += 1
@@ -265,7 +264,7 @@ class LayerStream:
                 error = S3Error.from_dict(await self._frames.read_json(frame))
                 self._done = True  # only once its payload is read: a kept connection must carry nothing unread
                 if self._decodes is not None:
-                    await asyncio.gather(*self._decodes.pending, return_exceptions=True)
+                    await asyncio.gather(*self._decodes.abandon(), return_exceptions=True)
                 raise error
         raise StopAsyncIteration
 
@@ -284,7 +283,7 @@ class LayerStream:
             await self._landed(frame.layer)
         packed = bytes(view[: frame.length])  # the slices decode into this same place
         for j, (data, crc) in enumerate(unpack_packed(f"layer {frame.layer}", memoryview(packed), self.layer_bytes // s)):
-            await self._decodes.start(f"layer {frame.layer} chunk #{j}", data, view[j * s : (j + 1) * s], crc if self.verify else None)
+            await self._decodes.start(f"layer {frame.layer} chunk #{j}", data, view, j * s, crc if self.verify else None)
         await self._decodes.finish()
         self._next += 1
         self.stats.layer_arrival_s.append(time.perf_counter() - self._started)
@@ -301,4 +300,4 @@ class LayerStream:
         self._encoded_layer = True
         payload = await self._frames.read_payload(frame.length)
         what = f"layer {frame.layer} chunk #{(start % self.layer_bytes) // s}"
-        await self._decodes.start(what, payload, self.payload[start : start + s], frame.checksum if self.verify else None)
+        await self._decodes.start(what, payload, self.payload, start, frame.checksum if self.verify else None)

@@ -27,6 +27,7 @@ key and the field (``extra`` ``Key`` and ``Field``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,10 +82,25 @@ class ChunkHeader:
         except CodecError as e:
             raise bad_chunk(key, f"layers[{layer}].{e.field}", str(e)) from None
 
+    def decode_layers(self, key: str, first: int, encoded: Sequence[bytes | memoryview | np.ndarray], out: memoryview | np.ndarray) -> None:
+        """Layers ``first``.. of this chunk (their encoded slices in ``encoded``), each CRC checked, decoded together into
+        ``out`` (``len(encoded)`` × S bytes: :meth:`Codec.decode_many`); errors name ``key`` and the layer."""
+        for k, blob in enumerate(encoded):
+            if crc32c(blob) != self.crcs[first + k]:
+                raise bad_chunk(key, f"layers[{first + k}].crc32c", "the encoded layer slice does not match its checksum")
+        try:
+            self.codec.decode_many(encoded, out, self.dtype, self.layout)
+        except CodecError as e:
+            raise bad_chunk(key, f"layers[{first + e.index}].{e.field}", str(e)) from None
+
 
 def encode_chunk(layer_slices: list, codec: Codec, dtype: str, layout: SliceLayout) -> bytes:
     """A chunk's raw layer slices (each ``layout.nbytes(dtype)`` bytes) as a compressed chunk object."""
-    blobs = [codec.encode(s, dtype, layout) for s in layer_slices]
+    return pack_chunk([codec.encode(s, dtype, layout) for s in layer_slices], codec, dtype, layout)
+
+
+def pack_chunk(blobs: list[bytes], codec: Codec, dtype: str, layout: SliceLayout) -> bytes:
+    """Encoded layer slices, as they are, behind the header that lists each one's offset, length and CRC32C."""
     n = len(blobs)
     raw_size = n * layout.nbytes(dtype)
     pos, table = header_bytes(n), []

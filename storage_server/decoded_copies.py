@@ -228,8 +228,7 @@ class DecodedCopies:
                 raise OSError(f"short read: {got} of {header.object_bytes} bytes")
             s = header.slice_bytes
             raw = np.empty(header.layers * s, np.uint8)
-            for layer, (off, length) in enumerate(zip(header.offsets, header.lengths)):
-                header.decode_layer(key, layer, encoded[off : off + length], raw[layer * s : (layer + 1) * s])
+            header.decode_layers(key, 0, [encoded[off : off + n] for off, n in zip(header.offsets, header.lengths)], raw)
             with self._lock:
                 self._names += 1
                 path = self.root / f"{self._names:016x}"

@@ -12,7 +12,8 @@ API (what the node, the SDK and ``bench compression`` use):
 * ``codec.decode(blob, out, dtype, layout)``: decodes into ``out`` (a writable buffer of exactly
   ``layout.nbytes(dtype)`` bytes); corrupt input raises :class:`CodecError` naming the field. The two
   stages apart, for a pipeline: ``codec.decompress(blob, dtype, layout, mid)`` into a uint8 array of
-  ``codec.intermediate_size(dtype, layout)`` bytes, then ``codec.dequantise(mid, dtype, layout, out)``.
+  ``codec.intermediate_size(dtype, layout)`` bytes, then ``codec.dequantise(mid, dtype, layout, out)``
+  (``count=n``: n slices back to back in ``mid`` and ``out`` at once, far fewer numpy calls per byte).
 * ``codec.id``, ``codec.name``, ``codec.lossy``; ``codec.max_abs_error(absmax, dtype)``: the stated
   bound on ``|decoded - original|`` within a group whose largest ``|original|`` is ``absmax`` (0.0 for
   lossless codecs). Groups are key channels and value tokens (``quant.group_absmax``).

@@ -46,14 +46,15 @@ def _broadcast(per_group: np.ndarray, layout: SliceLayout) -> np.ndarray:
 
 
 def _scaled_into(codes: np.ndarray, per_group: np.ndarray, layout: SliceLayout) -> np.ndarray:
-    """``codes × per-group factor`` as float32 of the slice's shape: broadcast per key channel and value token,
-    never materialising a per-element scale array (that made dequantising 10× slower)."""
-    c = layout.channels
-    q = codes.reshape(layout.planes, layout.tokens, c)
+    """``codes × per-group factor`` as float32, for ``count`` slices at once (``codes`` count × elements,
+    ``per_group`` count × groups): broadcast per key channel and value token, never materialising a per-element
+    scale array (that made dequantising 10× slower)."""
+    c, count = layout.channels, codes.shape[0]
+    q = codes.reshape(count, layout.planes, layout.tokens, c)
     vals = np.empty(q.shape, np.float32)
-    np.multiply(q[0], per_group[:c][None, :], out=vals[0])
+    np.multiply(q[:, 0], per_group[:, None, :c], out=vals[:, 0])
     if layout.planes == 2:
-        np.multiply(q[1], per_group[c:][:, None], out=vals[1])
+        np.multiply(q[:, 1], per_group[:, c:, None], out=vals[:, 1])
     return vals
 
 
@@ -79,14 +80,17 @@ def _check_dtype(dtype: str) -> float:
     return DTYPES[dtype][1]
 
 
-def _split(data: np.ndarray, layout: SliceLayout, codes: int) -> tuple[np.ndarray, np.ndarray]:
+def _split(data: np.ndarray, layout: SliceLayout, codes: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` quantised slices back to back as (count × groups float32 absmax, count × ``codes`` code bytes)."""
     n = layout.groups() * 4
-    if data.size != n + codes:
-        raise CodecError("length", f"quantised slice is {data.size} bytes, expected {n + codes}")
-    absmax = data[:n].view(np.float32)
+    if data.size != (n + codes) * count:
+        expected = f"{n + codes}" if count == 1 else f"{count} × {n + codes}"
+        raise CodecError("length", f"quantised slice{'s are' if count > 1 else ' is'} {data.size} bytes, expected {expected}")
+    rows = data.reshape(count, n + codes)
+    absmax = rows[:, :n].view(np.float32)
     if not np.isfinite(absmax).all() or (absmax < 0).any():
         raise CodecError("scales", "a group scale is negative or not finite")
-    return absmax, data[n:]
+    return absmax, rows[:, n:]
 
 
 class IntQuantiser:
@@ -117,17 +121,17 @@ class IntQuantiser:
             q = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
         return absmax.tobytes() + q.tobytes()
 
-    def dequantise(self, data: np.ndarray, dtype: str, layout: SliceLayout, out: np.ndarray) -> None:
+    def dequantise(self, data: np.ndarray, dtype: str, layout: SliceLayout, out: np.ndarray, count: int = 1) -> None:
         _check_dtype(dtype)
-        absmax, codes = _split(data, layout, self._codes(layout))
+        absmax, codes = _split(data, layout, self._codes(layout), count)
         if self.bits == 8:
             q = codes.view(np.int8)
         else:
-            q = np.empty(codes.size * 2, np.int8)
-            np.bitwise_and(codes, 0x0F, out=q[0::2].view(np.uint8))
-            np.right_shift(codes, 4, out=q[1::2].view(np.uint8))
+            q = np.empty((count, codes.shape[1] * 2), np.int8)
+            np.bitwise_and(codes, 0x0F, out=q[:, 0::2].view(np.uint8))
+            np.right_shift(codes, 4, out=q[:, 1::2].view(np.uint8))
             np.subtract(q, 8, out=q)
-            q = q[: layout.elements]
+            q = q[:, : layout.elements]
         if q.size and int(q.min()) < -self.qmax:  # the only codes outside ±q: -128 (int8), -8 (int4)
             raise CodecError("codes", f"a code lies outside ±{self.qmax}")
         _store(_scaled_into(q, absmax / np.float32(self.qmax), layout), dtype, out)
@@ -171,9 +175,9 @@ class Fp8Quantiser:
         code |= (scaled.reshape(-1) < 0).astype(np.uint8) << 7
         return absmax.tobytes() + code.tobytes()
 
-    def dequantise(self, data: np.ndarray, dtype: str, layout: SliceLayout, out: np.ndarray) -> None:
+    def dequantise(self, data: np.ndarray, dtype: str, layout: SliceLayout, out: np.ndarray, count: int = 1) -> None:
         _check_dtype(dtype)
-        absmax, codes = _split(data, layout, layout.elements)
+        absmax, codes = _split(data, layout, layout.elements, count)
         if ((codes & 0x7F) == 0x7F).any():
             raise CodecError("codes", "an fp8 code is NaN")
         values = np.take(_E4M3_SIGNED, codes)

@@ -84,6 +84,40 @@ def test_lossless_compresses_bf16_kv():
     assert len(codec_by_name("zstd").encode(raw, "bfloat16", layout)) < 0.8 * raw.size
 
 
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), count=st.integers(1, 9),
+       codec_id=st.sampled_from(sorted(c.id for c in CODECS.values() if c.lossy)))
+def test_dequantising_slices_together_gives_each_slice_what_it_gives_alone(layout, dtype, seed, count, codec_id):
+    """``count`` intermediates back to back, one call: byte for byte what one call per slice writes."""
+    codec = codec_by_id(codec_id)
+    size, s = codec.intermediate_size(dtype, layout), layout.nbytes(dtype)
+    mids = np.empty(count * size, np.uint8)
+    for k in range(count):
+        codec.decompress(codec.encode(_raw(seed + k, dtype, layout, 1.0, k % 2 == 1), dtype, layout), dtype, layout,
+                         mids[k * size : (k + 1) * size])
+    alone, together = np.zeros(count * s, np.uint8), np.ones(count * s, np.uint8)
+    for k in range(count):
+        codec.dequantise(mids[k * size : (k + 1) * size], dtype, layout, alone[k * s : (k + 1) * s])
+    codec.dequantise(mids, dtype, layout, together, count)
+    assert together.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8"])
+def test_slices_dequantised_together_refuse_one_bad_scale_or_a_wrong_length(name):
+    codec, layout, dtype = codec_by_name(name), SliceLayout(2, 8, 16), "bfloat16"
+    size = codec.intermediate_size(dtype, layout)
+    mids = np.concatenate([np.frombuffer(codec.encode(_raw(k, dtype, layout, 1.0, False), dtype, layout), np.uint8)
+                           for k in range(3)])
+    out = np.empty(3 * layout.nbytes(dtype), np.uint8)
+    with pytest.raises(CodecError) as e:
+        codec.dequantise(mids[:-1], dtype, layout, out, 3)
+    assert e.value.field == "length" and f"3 × {size}" in str(e.value)
+    mids[size : size + 4].view(np.float32)[0] = -1.0  # the second slice's first scale
+    with pytest.raises(CodecError) as e:
+        codec.dequantise(mids, dtype, layout, out, 3)
+    assert e.value.field == "scales"
+
+
 @pytest.mark.parametrize("name", ["zstd", "int8+zstd", "int4", "fp8"])
 def test_corrupt_input_names_a_field(name):
     codec, layout = codec_by_name(name), SliceLayout(2, 16, 32)

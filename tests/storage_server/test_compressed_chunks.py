@@ -303,7 +303,7 @@ def test_a_cancelled_client_decode_leaves_no_thread_writing_into_the_destination
     keys = keys_for(layout, 4, "sdk-cancel")
     run(_put_client(proc, alice, keys, chunks, layout))
     entered, release, running = threading.Event(), threading.Event(), []
-    real = decoding.decode_slice
+    real = decoding.decode_slices
 
     def slow(*args):
         running.append(1)
@@ -314,7 +314,7 @@ def test_a_cancelled_client_decode_leaves_no_thread_writing_into_the_destination
         finally:
             running.pop()
 
-    monkeypatch.setattr(decoding, "decode_slice", slow)
+    monkeypatch.setattr(decoding, "decode_slices", slow)
 
     async def go():
         async with client(proc, alice, "kvz") as c:

@@ -13,7 +13,7 @@ from awscrt.checksums import crc32c
 from compressionsupport import kv_chunks, kv_layout
 
 from client_sdk.compression import encode_layout_chunk
-from protocol.compressed_chunk import decode_header, head_of
+from protocol.compressed_chunk import decode_header, head_of, pack_chunk
 from protocol.errors import ErrorCode, S3Error
 from storage_server import decode_pipeline
 from storage_server.decode_pipeline import DecodePipeline
@@ -144,3 +144,68 @@ def test_a_cancelled_decode_returns_only_once_no_stage_writes(stored, monkeypatc
         still_running, free = asyncio.run(scenario(pipe))
         pipe.close()
     assert still_running == [] and free == len(pipe.slots)
+
+
+def _store(tmp_path, chunks, codecs):
+    fds, headers, keys = [], [], []
+    for j, (chunk, codec) in enumerate(zip(chunks, codecs)):
+        data = encode_layout_chunk(memoryview(chunk), LAYOUT, codec)
+        (tmp_path / f"r{j}").write_bytes(data)
+        fds.append(os.open(tmp_path / f"r{j}", os.O_RDONLY))
+        headers.append(decode_header(f"r{j}", data[: head_of(data)], len(data)))
+        keys.append(f"r{j}")
+    return fds, headers, keys
+
+
+def test_runs_of_chunks_stored_alike_decode_as_each_would_alone(tmp_path):
+    """Neighbours with one codec are dequantised in one call: every slice as its own header decodes it, across runs
+    broken by another codec, a lossless chunk and a piece boundary."""
+    codecs = ["int8"] * 5 + ["int4", "int4", "zstd", "int8+zstd", "int8+zstd", "fp8", "fp8"]
+    chunks = kv_chunks(LAYOUT, len(codecs), seed=9)
+    fds, headers, keys = _store(tmp_path, chunks, codecs)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pipe = DecodePipeline(pool, 1, 1, 1, piece_bytes=4 * S)  # pieces of 4 chunks: the int8 run spans two
+            for layer in range(LAYOUT.num_layers):
+                dest = memoryview(bytearray(len(codecs) * S))
+                asyncio.run(pipe.decode(fds, [0] * len(codecs), headers, keys, layer, 0, len(codecs), S, dest, False))
+                for j, h in enumerate(headers):
+                    with open(fds[j], "rb", closefd=False) as f:
+                        f.seek(h.offsets[layer])
+                        encoded = f.read(h.lengths[layer])
+                    alone = np.empty(S, np.uint8)
+                    h.decode_layer(keys[j], layer, encoded, alone)
+                    assert bytes(dest[j * S : (j + 1) * S]) == alone.tobytes(), (codecs[j], j, layer)
+            pipe.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_bad_scale_inside_a_run_fails_the_layer_naming_that_chunks_key(tmp_path):
+    """A scale that is negative (its slice's CRC made to match) in the third of five int8 neighbours: the one call
+    over the run fails, and the error names the third chunk, not the run's first."""
+    chunks = kv_chunks(LAYOUT, 5, seed=10)
+    slices = [np.frombuffer(c, np.uint8).reshape(LAYOUT.num_layers, S) for c in chunks]
+    fds, headers, keys = _store(tmp_path, chunks, ["int8"] * 5)
+    layout, codec = headers[2].layout, headers[2].codec
+    bad = bytearray(codec.encode(slices[2][0], "bfloat16", layout))
+    bad[0:4] = np.float32(-1.0).tobytes()
+    os.close(fds[2])
+    others = [codec.encode(layer_slice, "bfloat16", layout) for layer_slice in slices[2][1:]]
+    (tmp_path / "r2").write_bytes(pack_chunk([bytes(bad), *others], codec, "bfloat16", layout))
+    fds[2] = os.open(tmp_path / "r2", os.O_RDONLY)
+    data = (tmp_path / "r2").read_bytes()
+    headers[2] = decode_header("r2", data[: head_of(data)], len(data))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pipe = DecodePipeline(pool, 1, 1, 1, piece_bytes=5 * S)
+            with pytest.raises(S3Error) as e:
+                asyncio.run(pipe.decode(fds, [0] * 5, headers, keys, 0, 0, 5, S, memoryview(bytearray(5 * S)), False))
+            pipe.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert e.value.code == ErrorCode.KVInvalidCompressedChunk and e.value.extra["Key"] == "r2"
+    assert "layers[0].scales" in e.value.message
+
