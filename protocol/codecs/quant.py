@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DTYPES, FLOAT32_SLACK, CodecError, SliceLayout, dtype_bytes, from_float32, to_float32
+from .base import DTYPES, FLOAT32_SLACK, CodecError, SliceLayout, dtype_bytes, from_float32, scratch, to_float32
 
 
 def _planes(values: np.ndarray, layout: SliceLayout) -> np.ndarray:
@@ -51,7 +51,7 @@ def _scaled_into(codes: np.ndarray, per_group: np.ndarray, layout: SliceLayout) 
     scale array (that made dequantising 10× slower)."""
     c, count = layout.channels, codes.shape[0]
     q = codes.reshape(count, layout.planes, layout.tokens, c)
-    vals = np.empty(q.shape, np.float32)
+    vals = scratch("quant.vals", q.shape, np.float32)  # clobbered by _store: this thread's, reused
     np.multiply(q[:, 0], per_group[:, None, :c], out=vals[:, 0])
     if layout.planes == 2:
         np.multiply(q[:, 1], per_group[:, c:, None], out=vals[:, 1])
@@ -127,7 +127,7 @@ class IntQuantiser:
         if self.bits == 8:
             q = codes.view(np.int8)
         else:
-            q = np.empty((count, codes.shape[1] * 2), np.int8)
+            q = scratch("quant.int4", (count, codes.shape[1] * 2), np.int8)
             np.bitwise_and(codes, 0x0F, out=q[:, 0::2].view(np.uint8))
             np.right_shift(codes, 4, out=q[:, 1::2].view(np.uint8))
             np.subtract(q, 8, out=q)
@@ -180,7 +180,7 @@ class Fp8Quantiser:
         absmax, codes = _split(data, layout, layout.elements, count)
         if ((codes & 0x7F) == 0x7F).any():
             raise CodecError("codes", "an fp8 code is NaN")
-        values = np.take(_E4M3_SIGNED, codes)
+        values = np.take(_E4M3_SIGNED, codes, out=scratch("quant.fp8", codes.shape, np.float32))
         _store(_scaled_into(values, absmax / np.float32(E4M3_MAX), layout), dtype, out)
 
     def max_abs_error(self, absmax: float, dtype: str) -> float:

@@ -63,6 +63,10 @@ def test_bench_compression_quick_report(tmp_path):
             assert pick["ttft_s"] == row["codecs"][pick["codec"]]["ttft_s"]
             assert pick["vs_best_fixed"] >= 1 and row["best_fixed"] in CODEC_NAMES
         assert not CODEC_NAMES[row["adaptive-lossless"]["codec"]].lossy
+    told = sweep["chooser_decode_gb_s_per_worker"]  # never above what the pool decoded alone (beside_the_link)
+    assert set(told) == set(CODEC_NAMES) - {"none"}
+    for name, rate in told.items():
+        assert 0 < rate <= round(rows[name]["decode_gb_s_pool"] / result["workers"], 4) + 1e-4, (name, rate)
     slow, fast = sweep["rows"][0], sweep["rows"][-1]
     for name, cell in slow["codecs"].items():  # what the decode pool wrote is the KV that was sent
         assert cell["byte_exact"] is (None if CODEC_NAMES[name].lossy else True), name
@@ -136,3 +140,15 @@ def test_bench_compression_only_node_gives_the_headline_fields_alone(tmp_path):
     assert result["ttft_ratio_fastest_link"] == round(1 / default[-1]["auto_vs_raw"], 4)
     assert result["ttft_ratio_fastest_link_no_copies"] == round(1 / result["node"]["rows"][-1]["auto_vs_raw"], 4)
     assert positive(result["ttft_speedup_slowest_link"]) and set(result["fields"]) >= {"ttft_ratio_fastest_link", "ttft_ratio_fastest_link_first_get"}
+
+
+def test_the_chooser_is_told_the_slower_of_the_pools_rate_alone_and_beside_the_link():
+    from bench.compression import beside_the_link
+    from scheduler.codec_choice import CodecProfile
+
+    alone = [CodecProfile("int8", 1.9, 1.0e9, lossy=True), CodecProfile("zstd", 1.5, 0.2e9)]
+    measured = {"int8": {40.0: {"raw_bytes": 64 << 20, "load_s": 0.1}}, "zstd": {40.0: {"raw_bytes": 64 << 20, "load_s": 0.1}}}
+    told = {p.name: p for p in beside_the_link(alone, measured, 40.0, workers=2)}
+    assert told["int8"].decode_bytes_per_s_per_core == (64 << 20) / 0.1 / 2  # the pool beside the link was slower
+    assert told["zstd"].decode_bytes_per_s_per_core == 0.2e9  # alone was slower: kept
+    assert told["int8"].ratio == 1.9 and told["int8"].lossy

@@ -102,6 +102,31 @@ def test_dequantising_slices_together_gives_each_slice_what_it_gives_alone(layou
     assert together.tobytes() == alone.tobytes()
 
 
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), count=st.integers(1, 6),
+       codec_id=st.sampled_from(sorted(CODECS)))
+def test_decoding_slices_together_gives_each_slice_what_it_gives_alone(layout, dtype, seed, count, codec_id):
+    """``decode_many``, every codec (lossless ones interleave their byte planes once for all slices): byte for byte
+    what ``decode`` gives each slice."""
+    codec, s = codec_by_id(codec_id), layout.nbytes(dtype)
+    blobs = [codec.encode(_raw(seed + k, dtype, layout, 1.0, k % 2 == 1), dtype, layout) for k in range(count)]
+    alone, together = np.zeros(count * s, np.uint8), np.ones(count * s, np.uint8)
+    for k, blob in enumerate(blobs):
+        codec.decode(blob, alone[k * s : (k + 1) * s], dtype, layout)
+    codec.decode_many(blobs, together, dtype, layout)
+    assert together.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("name", ["zstd", "int8+zstd", "none"])
+def test_a_corrupt_slice_among_others_is_the_one_named(name):
+    codec, layout, dtype = codec_by_name(name), SliceLayout(2, 8, 16), "bfloat16"
+    blobs = [codec.encode(_raw(k, dtype, layout, 1.0, False), dtype, layout) for k in range(4)]
+    blobs[2] = blobs[2][:-2]
+    with pytest.raises(CodecError) as e:
+        codec.decode_many(blobs, np.empty(4 * layout.nbytes(dtype), np.uint8), dtype, layout)
+    assert e.value.index == 2
+
+
 @pytest.mark.parametrize("name", ["int8", "int4", "fp8"])
 def test_slices_dequantised_together_refuse_one_bad_scale_or_a_wrong_length(name):
     codec, layout, dtype = codec_by_name(name), SliceLayout(2, 8, 16), "bfloat16"
