@@ -50,8 +50,7 @@ def _pin(cores: set[int] | None) -> None:
 
 def _decode_loop(codec_name: str, blobs: list[bytes], slice_bytes: int, layout, go, stop, out_q, workers: int) -> None:
     """``workers`` threads decoding ``blobs`` round and round until ``stop``; puts raw GB/s decoded."""
-    from client_sdk.decoding import BATCH_BYTES
-    from protocol.codecs import CODEC_NAMES
+    from protocol.codecs import BATCH_BYTES, CODEC_NAMES
 
     codec = CODEC_NAMES[codec_name]
     done = [0] * workers

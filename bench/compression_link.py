@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client_sdk.decoding import BATCH_BYTES
-from protocol.codecs import CODEC_NAMES, SliceLayout
+from protocol.codecs import BATCH_BYTES, CODEC_NAMES, SliceLayout
 from scheduler.pacing import TokenBucket
 
 from .compression_kv import DTYPE, KVSample

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from awscrt.checksums import crc32c
 
+from protocol import codecs
 from protocol.codecs import CodecError
 from protocol.compressed_chunk import SLICE_HEAD, bad_chunk, unpack_slice_head
 from protocol.errors import ErrorCode, S3Error
@@ -61,9 +62,9 @@ class SliceDecoder:
 
 
 Slice = tuple[str, bytes, "int | None"]  # an ENCODED frame's payload: (what it is, for errors; the bytes; their CRC32C)
-# A decode job: neighbouring slices up to this many decoded bytes, dequantised in one pass (Codec.decode_many): one
-# numpy call per 64 KiB slice gave the GIL away so often that two decode threads ran at half one thread's speed.
-BATCH_BYTES = 512 << 10
+# A decode job: neighbouring slices up to this many decoded bytes, decoded in one Codec.decode_many (one numpy pass per
+# slice gave the GIL away so often that two decode threads ran at half one thread's speed).
+BATCH_BYTES = codecs.BATCH_BYTES
 
 
 def decode_slices(slices: list[Slice], dest: memoryview) -> None:

@@ -25,7 +25,7 @@ the lossless one. Bounds and formats: :mod:`.quant`, :mod:`.entropy`. Ids are ne
 
 from __future__ import annotations
 
-from .base import DTYPE_IDS, DTYPES, Codec, CodecError, SliceLayout
+from .base import BATCH_BYTES, DTYPE_IDS, DTYPES, Codec, CodecError, SliceLayout
 from .entropy import ZstdPlanes
 from .quant import Fp8Quantiser, IntQuantiser, group_absmax
 
@@ -61,5 +61,5 @@ def codec_by_name(name: str) -> Codec:
         raise CodecError("codec", f"unknown codec {name!r}; known: {', '.join(CODEC_NAMES)}") from None
 
 
-__all__ = ["CODECS", "CODEC_NAMES", "DTYPES", "DTYPE_IDS", "LOSSLESS_NAMES", "NONE", "Codec", "CodecError", "SliceLayout",
+__all__ = ["BATCH_BYTES", "CODECS", "CODEC_NAMES", "DTYPES", "DTYPE_IDS", "LOSSLESS_NAMES", "NONE", "Codec", "CodecError", "SliceLayout",
            "codec_by_id", "codec_by_name", "group_absmax"]

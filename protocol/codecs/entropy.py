@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import zstandard
 
-from .base import CodecError, _at, scratch
+from .base import BATCH_BYTES, CodecError, _at, scratch
 
 _PLANE = struct.Struct("<BI")
 STORED, ZSTD = 0, 1
@@ -78,14 +78,17 @@ class ZstdPlanes:
             for k, blob in enumerate(blobs):
                 _at(k, self.decompress, blob, itemsize, out[k * size : (k + 1) * size])
             return
-        lo, hi = scratch("planes.lo", (n, size // 2)), scratch("planes.hi", (n, size // 2))
-        for k, blob in enumerate(blobs):
-            _at(k, self._planes_into, blob, (lo[k], hi[k]))
-        o16 = out.view(np.uint16).reshape(n, size // 2)
-        o16[:] = lo
-        hi16 = scratch("planes.hi16", (n, size // 2), np.uint16)
-        np.left_shift(hi, 8, out=hi16, dtype=np.uint16)
-        np.bitwise_or(o16, hi16, out=o16)
+        per = max(1, BATCH_BYTES // max(1, size))
+        for first in range(0, n, per):  # at most BATCH_BYTES of output at a time: the temporaries stay bounded
+            part = blobs[first : first + per]
+            lo, hi = scratch("planes.lo", (len(part), size // 2)), scratch("planes.hi", (len(part), size // 2))
+            for k, blob in enumerate(part):
+                _at(first + k, self._planes_into, blob, (lo[k], hi[k]))
+            o16 = out[first * size : (first + len(part)) * size].view(np.uint16).reshape(len(part), size // 2)
+            o16[:] = lo
+            hi16 = scratch("planes.hi16", (len(part), size // 2), np.uint16)
+            np.left_shift(hi, 8, out=hi16, dtype=np.uint16)
+            np.bitwise_or(o16, hi16, out=o16)
 
     def _planes_into(self, blob: np.ndarray, dests: tuple[np.ndarray, ...]) -> None:
         for plane, dest in zip(self._planes(blob, len(dests), dests[0].size), dests):

@@ -189,3 +189,27 @@ def test_config_knows_the_registrys_codecs():
     with pytest.raises(config.ConfigError, match="compression.bucket_codecs.*lossy"):
         config.CompressionConfig(bucket_codecs=("a:int8",))
     assert config.CompressionConfig(bucket_codecs=("a:int8",), lossy_buckets=("a",)).codec_for("a") == "int8"
+
+
+@pytest.mark.parametrize("name", ["zstd", "int8", "int4+zstd", "fp8"])
+def test_a_run_longer_than_a_batch_is_decoded_in_batches_and_a_bad_slice_keeps_its_index(name, monkeypatch):
+    """Seven slices with room for two a batch: four calls, the same bytes; slice 5's fault is reported as slice 5."""
+    from protocol.codecs import base, entropy
+
+    codec, layout, dtype = codec_by_name(name), SliceLayout(2, 8, 16), "bfloat16"
+    s = layout.nbytes(dtype)
+    monkeypatch.setattr(base, "BATCH_BYTES", 2 * s)
+    monkeypatch.setattr(entropy, "BATCH_BYTES", 2 * s)
+    blobs = [codec.encode(_raw(50 + k, dtype, layout, 1.0, False), dtype, layout) for k in range(7)]
+    alone, together = np.zeros(7 * s, np.uint8), np.ones(7 * s, np.uint8)
+    for k, blob in enumerate(blobs):
+        codec.decode(blob, alone[k * s : (k + 1) * s], dtype, layout)
+    codec.decode_many(blobs, together, dtype, layout)
+    assert together.tobytes() == alone.tobytes()
+    if codec.entropy is not None:
+        blobs[5] = blobs[5][:-2]
+    else:  # a scale that is not finite
+        blobs[5] = np.float32(np.nan).tobytes() + blobs[5][4:]
+    with pytest.raises(CodecError) as e:
+        codec.decode_many(blobs, together, dtype, layout)
+    assert e.value.index == 5
