@@ -209,3 +209,29 @@ def test_a_bad_scale_inside_a_run_fails_the_layer_naming_that_chunks_key(tmp_pat
     assert e.value.code == ErrorCode.KVInvalidCompressedChunk and e.value.extra["Key"] == "r2"
     assert "layers[0].scales" in e.value.message
 
+
+
+def test_a_layer_of_one_piece_runs_its_stages_in_one_job_and_meters_each(stored, monkeypatch):
+    """Nothing to overlap with: fetch, decompress and dequantise on one thread, one after another (no hop between
+    pools), every stage still metered; a layer of several pieces keeps its stages on their own pools."""
+    fds, headers, keys, chunks, _ = stored
+    threads: dict[str, set[int]] = {"fetch": set(), "decompress": set(), "dequantise": set()}
+    for stage in threads:
+        real = getattr(decode_pipeline, f"_{stage}")
+        monkeypatch.setattr(decode_pipeline, f"_{stage}",
+                            lambda *a, _real=real, _stage=stage: (threads[_stage].add(threading.get_ident()), _real(*a))[1])
+    with ThreadPoolExecutor(1) as pool:
+        whole = DecodePipeline(pool, 1, 1, 1, piece_bytes=12 * S)
+        dest = memoryview(bytearray(12 * S))
+        crc = asyncio.run(whole.decode(fds, [0] * 12, headers, keys, 2, 0, 12, S, dest, True))
+        assert crc == crc32c(dest) and len(threads["fetch"] | threads["decompress"] | threads["dequantise"]) == 1
+        assert [whole.status()[st]["pieces"] for st in threads] == [1, 1, 1]
+        for j in (0, 1):  # raw and zstd: exact
+            assert bytes(dest[j * S : (j + 1) * S]) == chunks[j][2 * S : 3 * S].tobytes()
+        whole.close()
+        for stage in threads.values():
+            stage.clear()
+        pieces = _pipeline(pool)
+        asyncio.run(pieces.decode(fds, [0] * 12, headers, keys, 2, 0, 12, S, memoryview(bytearray(12 * S)), False))
+        assert threads["fetch"].isdisjoint(threads["decompress"] | threads["dequantise"])
+        pieces.close()
