@@ -259,6 +259,8 @@ class KVService:
             self.active[slot] = info
 
         outcome, stats, last = "failed", None, None
+        if (task := asyncio.current_task()) is not None:
+            self._tasks[slot] = task  # stop_transfers stops it as it does a local one (the caller's finally forgets it)
         try:
             stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept), call.writer)
             if stats is None:
