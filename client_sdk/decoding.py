@@ -107,7 +107,9 @@ class LayerDecodes:
 
     async def start(self, what: str, payload: bytes, base: memoryview, at: int, checksum: int | None) -> None:
         """Decode ``payload`` into ``base[at : at + S]``: joined to the slices before it where it continues them, the
-        batch handed to the pool once it holds BATCH_BYTES (or at :meth:`finish`)."""
+        batch handed to the pool once it holds BATCH_BYTES (or at :meth:`finish`). A layer of at most BATCH_BYTES is
+        decoded once its LAYER frame is in: batches of a quarter of that, decoding while the layer's later frames arrived,
+        made a 16 MiB kv-get at 40 Gbps slower (101-105 ms against 65-82)."""
         if self._batch and (base is not self._base or at != self._end):
             await self._submit()
         if not self._batch:
@@ -120,7 +122,11 @@ class LayerDecodes:
     async def _submit(self) -> None:
         batch, self._batch = self._batch, []
         if len(self.pending) >= 2 * self.decoder.threads:
-            await self.pending.pop(0)  # bounded: wait for the oldest before taking more bytes in
+            await asyncio.wait([self.pending[0]])  # bounded: the oldest done before more bytes are taken in
+            oldest = self.pending[0]
+            if oldest.cancelled() or oldest.exception() is not None:
+                return  # the layer fails: finish() raises that once none is writing; nothing more to decode for it
+            self.pending.pop(0)
         work = self.decoder.pool().submit(self.decoder.decode, batch, self._base[self._at : self._end])
         self._threads = [f for f in self._threads if not f.done()] + [work]
         self.pending.append(asyncio.wrap_future(work))

@@ -11,8 +11,9 @@ pool, so piece k+1 is fetched while piece k is decompressed and piece k-1 dequan
 3. **dequantise** (``compression.dequantise_threads``): the lossy stage from the intermediate buffer
    into the destination, then the piece's CRC32C while its bytes are hot.
 
-A call whose chunks make one piece has nothing to overlap its stages with: they run one after another in one
-job on the decompress pool (:func:`_all_stages`, each still metered), one thread hop instead of three.
+A call whose chunks make one piece, while no other layer is decoding, has nothing to overlap its stages with:
+they run one after another in one job on the decompress pool (:func:`_all_stages`, each still metered), one
+thread hop instead of three. With other layers decoding, the stages keep their own pools.
 
 The destination is the transport's buffer (the engine's shm region, or the http/rdma staging piece):
 no copy after the last stage. Slots (encoded + intermediate buffers) are allocated once per pipeline,
@@ -112,6 +113,7 @@ class DecodePipeline:
         self.meters = {stage: StageMeter() for stage in STAGES}
         self._free: asyncio.Queue[Slot] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._decoding = 0  # decode() calls in flight (a one-piece layer runs in one job only when it is the only one)
 
     def status(self) -> dict[str, dict[str, float | int]]:
         """Per stage since start: pieces, decoded bytes, thread-seconds and GB/s per worker (the measured throughput
@@ -154,12 +156,17 @@ class DecodePipeline:
         """Layer ``layer`` of chunks first..last-1 decoded into ``dest`` (chunk j at ``(j - first)·s``); its CRC32C
         (0 unless ``checksum``)."""
         pieces = self.pieces(headers, layer, first, last, s)
-        work = [asyncio.ensure_future(self._piece(fds, offsets, headers, keys, p, s, dest, checksum, len(pieces) == 1)) for p in pieces]
+        whole = len(pieces) == 1 and not self._decoding  # alone: nothing to share the stage pools with either
+        self._decoding += 1
         try:
-            results = await asyncio.gather(*work, return_exceptions=True)  # every piece done: none still writes
-        except asyncio.CancelledError:  # the client left: the transport's buffer is freed only once no stage writes into it
-            await _settled(asyncio.wait(work))
-            raise
+            work = [asyncio.ensure_future(self._piece(fds, offsets, headers, keys, p, s, dest, checksum, whole)) for p in pieces]
+            try:
+                results = await asyncio.gather(*work, return_exceptions=True)  # every piece done: none still writes
+            except asyncio.CancelledError:  # the client left: the transport's buffer is freed only once no stage writes into it
+                await _settled(asyncio.wait(work))
+                raise
+        finally:
+            self._decoding -= 1
         for r in results:
             if isinstance(r, BaseException):
                 raise r
@@ -170,8 +177,8 @@ class DecodePipeline:
         return crc
 
     async def _piece(self, fds, offsets, headers, keys, p: Piece, s: int, dest: memoryview, checksum: bool, alone: bool = False) -> int:
-        """One piece through the stages. ``alone`` (the only piece of its call): the three stages run one after another in
-        one job (see :func:`_all_stages`)."""
+        """One piece through the stages. ``alone`` (the only piece of the only layer decoding): the three stages run one
+        after another in one job (see :func:`_all_stages`)."""
         loop = asyncio.get_running_loop()
         free = self._queue()
         slot = await free.get()

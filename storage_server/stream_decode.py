@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.codecs import BATCH_BYTES
 from protocol.compressed_chunk import FIXED_HEADER_BYTES, MAGIC, ChunkHeader, decode_header, head_of
 from scheduler.codec_choice import decode_while_fetching
 
@@ -68,14 +69,14 @@ class StreamedCopy:
             self.abandon()
 
     def _submit(self, written: int) -> None:
-        """The layers ``written`` bytes complete, as one decode (one lossy pass over them all: Codec.decode_many)."""
+        """The layers ``written`` bytes complete, decoded in batches (one lossy pass over each: Codec.decode_many)."""
         h = self.header
         assert h is not None
-        first = self.submitted
+        first, per = self.submitted, max(1, BATCH_BYTES // h.slice_bytes)
         while self.submitted < h.layers and h.offsets[self.submitted] + h.lengths[self.submitted] <= written:
             self.submitted += 1
-        if self.submitted > first:
-            self._tasks.append(self.pool.submit(self._decode, first, self.submitted))
+        for a in range(first, self.submitted, per):  # tasks of about BATCH_BYTES of output, side by side on the pool
+            self._tasks.append(self.pool.submit(self._decode, a, min(a + per, self.submitted)))
 
     def _decode(self, first: int, last: int) -> None:
         """Layers first..last-1 (their encoded slices lie back to back in the chunk) decoded into the copy."""

@@ -31,9 +31,9 @@ class CodecError(ValueError):
 
 # Slices decoded per call up to this many raw bytes (Codec.decode_many, dequantise's ``count``; the SDK's decode pool
 # batches its ENCODED frames to it): large enough that per-call numpy work and GIL hand-offs fade (16 × 64 KiB int8
-# slices: 1.79 GB/s against 1.18 one at a time), small enough that a batch's temporaries stay bounded.
+# slices: 1.79 GB/s on one thread against 1.18 one at a time), small enough that a batch's temporaries stay bounded.
 BATCH_BYTES = 512 << 10
-SCRATCH_KEEP_BYTES = 8 << 20  # a thread keeps scratch buffers up to this size; a larger request is allocated afresh
+SCRATCH_KEEP_BYTES = 16 << 20  # a thread keeps scratch buffers up to this many bytes in all; past it, allocated afresh
 _scratch = threading.local()
 
 
@@ -43,16 +43,18 @@ def scratch(name: str, shape: int | tuple[int, ...], dtype: type = np.uint8) -> 
     Decode temporaries of a batch (hundreds of KiB) allocated afresh each call came from pages the kernel had to fault
     in every time: on this VM a 512 KiB ``astype`` took 0.27 ms, four times the copy. A buffer is reused only by the
     thread that owns it, and each caller names its own, so one decode's temporaries never alias another's."""
-    count = int(np.prod(shape))
-    nbytes = count * np.dtype(dtype).itemsize
-    bufs = getattr(_scratch, "bufs", None)
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    bufs: dict[str, np.ndarray] | None = getattr(_scratch, "bufs", None)
     if bufs is None:
         bufs = _scratch.bufs = {}
     buf = bufs.get(name)
     if buf is None or buf.size < nbytes:
         buf = np.empty(max(nbytes, 1), np.uint8)
-        if nbytes <= SCRATCH_KEEP_BYTES:
+        kept = sum(b.size for n, b in bufs.items() if n != name)
+        if kept + buf.size <= SCRATCH_KEEP_BYTES:  # what this thread keeps, all names together, stays bounded
             bufs[name] = buf
+        else:
+            bufs.pop(name, None)
     return buf[:nbytes].view(dtype).reshape(shape)
 
 
@@ -206,9 +208,9 @@ class Codec:
 
     def dequantise(self, mid: np.ndarray, dtype: str, layout: SliceLayout, out: np.ndarray, count: int = 1) -> None:
         """Stage 2: the intermediate into ``out`` (``layout.nbytes(dtype)`` bytes, uint8); ``count``: that many slices
-        back to back in ``mid`` and in ``out``, dequantised in one pass. Per slice, a dozen numpy calls on 64 KiB each
-        gave the GIL away and back a dozen times: two decode threads together ran at half one thread's speed (int8,
-        0.47 against 1.04 GB/s); 16 slices a call ran at 2.0 GB/s on one thread and on four."""
+        back to back in ``mid`` and in ``out``, dequantised together, BATCH_BYTES of output a pass. Per 64 KiB slice,
+        a dozen numpy calls gave the GIL away and back a dozen times: two decode threads together ran at half one
+        thread's speed (int8, 0.57 against 1.18 GB/s); 16 slices a call, 1.79 on one thread and 2.35 on two."""
         if self.quantiser is None:
             out[:] = mid
             return
@@ -249,6 +251,8 @@ class Codec:
         dest, n, s = as_bytes(out), len(blobs), layout.nbytes(dtype)
         if dest.size != n * s:
             raise CodecError("size", f"destination is {dest.size} bytes, {n} slices of layout {layout} of {dtype} are {n * s}")
+        if n == 0:
+            return
         if self.quantiser is None and self.entropy is not None:
             self.entropy.decompress_many([as_bytes(b) for b in blobs], dtype_bytes(dtype), dest)
             return

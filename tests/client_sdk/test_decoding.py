@@ -94,3 +94,45 @@ def test_a_full_batch_goes_to_the_pool_before_the_layer_ends(monkeypatch):
     assert asyncio.run(go()) == [0, 1, 1, 2, 2]
     for k in range(5):
         assert bytes(dest[k * S : (k + 1) * S]) == _alone("int4", raws[k])
+
+
+def test_a_failed_decode_is_raised_only_once_no_decode_of_the_layer_still_writes(monkeypatch):
+    """The first batch is corrupt and the pool is full behind it: taking the next slice waits for it without raising,
+    and finish() raises its error only once every other decode of the layer has ended."""
+    import threading
+    import time
+
+    monkeypatch.setattr(decoding, "BATCH_BYTES", S)  # a batch per slice: the pool's bound (2 × 1 thread) is reached
+    running, lock = [0], threading.Lock()
+    real = decoding.decode_slices
+
+    def slow(slices, dest):
+        with lock:
+            running[0] += 1
+        try:
+            time.sleep(0.05)
+            return real(slices, dest)
+        finally:
+            with lock:
+                running[0] -= 1
+    monkeypatch.setattr(decoding, "decode_slices", slow)
+    frames = [_frame("int8", _raw(60 + k)) for k in range(5)]
+    frames[0] = frames[0][:-3]
+    dest = memoryview(bytearray(5 * S))
+
+    async def go():
+        decodes = LayerDecodes(SliceDecoder(1), S)
+        try:
+            for k, frame in enumerate(frames):
+                await decodes.start(f"chunk #{k}", frame, dest, k * S, None)
+            await decodes.finish()
+        except S3Error as e:
+            with lock:
+                return e, running[0]
+        finally:
+            await decodes.drain()
+            decodes.decoder.close()
+        return None, running[0]
+    error, still_running = asyncio.run(go())
+    assert error is not None and error.extra["Key"] == "chunk #0"
+    assert still_running == 0

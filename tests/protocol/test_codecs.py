@@ -140,7 +140,7 @@ def test_slices_dequantised_together_refuse_one_bad_scale_or_a_wrong_length(name
     mids[size : size + 4].view(np.float32)[0] = -1.0  # the second slice's first scale
     with pytest.raises(CodecError) as e:
         codec.dequantise(mids, dtype, layout, out, 3)
-    assert e.value.field == "scales"
+    assert e.value.field == "scales" and e.value.index == 1
 
 
 @pytest.mark.parametrize("name", ["zstd", "int8+zstd", "int4", "fp8"])
@@ -213,3 +213,24 @@ def test_a_run_longer_than_a_batch_is_decoded_in_batches_and_a_bad_slice_keeps_i
     with pytest.raises(CodecError) as e:
         codec.decode_many(blobs, together, dtype, layout)
     assert e.value.index == 5
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8"])
+def test_dequantising_more_slices_than_a_batch_gives_each_its_bytes_and_names_a_bad_one(name, monkeypatch):
+    """The node's pipeline hands a whole piece (1 MiB) to dequantise; it works BATCH_BYTES at a time: here two slices."""
+    from protocol.codecs import base
+
+    codec, layout, dtype = codec_by_name(name), SliceLayout(2, 8, 16), "bfloat16"
+    size, s = codec.intermediate_size(dtype, layout), layout.nbytes(dtype)
+    monkeypatch.setattr(base, "BATCH_BYTES", 2 * s)
+    mids = np.concatenate([np.frombuffer(codec.encode(_raw(70 + k, dtype, layout, 1.0, False), dtype, layout), np.uint8)
+                           for k in range(7)])
+    alone, together = np.zeros(7 * s, np.uint8), np.ones(7 * s, np.uint8)
+    for k in range(7):
+        codec.dequantise(mids[k * size : (k + 1) * size], dtype, layout, alone[k * s : (k + 1) * s])
+    codec.dequantise(mids, dtype, layout, together, 7)
+    assert together.tobytes() == alone.tobytes()
+    mids[5 * size : 5 * size + 4].view(np.float32)[0] = np.inf
+    with pytest.raises(CodecError) as e:
+        codec.dequantise(mids, dtype, layout, together, 7)
+    assert e.value.field == "scales" and e.value.index == 5

@@ -157,18 +157,27 @@ def _store(tmp_path, chunks, codecs):
     return fds, headers, keys
 
 
-def test_runs_of_chunks_stored_alike_decode_as_each_would_alone(tmp_path):
+def test_runs_of_chunks_stored_alike_decode_as_each_would_alone(tmp_path, monkeypatch):
     """Neighbours with one codec are dequantised in one call: every slice as its own header decodes it, across runs
     broken by another codec, a lossless chunk and a piece boundary."""
+    from protocol.codecs import Codec
+
     codecs = ["int8"] * 5 + ["int4", "int4", "zstd", "int8+zstd", "int8+zstd", "fp8", "fp8"]
     chunks = kv_chunks(LAYOUT, len(codecs), seed=9)
     fds, headers, keys = _store(tmp_path, chunks, codecs)
+    calls: list[int] = []
+    real = Codec.dequantise
+    monkeypatch.setattr(Codec, "dequantise", lambda self, mid, dtype, layout, out, count=1: (calls.append(count),
+                                                                                           real(self, mid, dtype, layout, out, count))[1])
     try:
         with ThreadPoolExecutor(1) as pool:
             pipe = DecodePipeline(pool, 1, 1, 1, piece_bytes=4 * S)  # pieces of 4 chunks: the int8 run spans two
             for layer in range(LAYOUT.num_layers):
                 dest = memoryview(bytearray(len(codecs) * S))
+                calls.clear()
                 asyncio.run(pipe.decode(fds, [0] * len(codecs), headers, keys, layer, 0, len(codecs), S, dest, False))
+                # pieces 0-3, 4-7, 8-11: int8 x4 | int8, int4 x2 (zstd has no lossy stage) | int8+zstd x2, fp8 x2
+                assert sorted(calls) == [1, 2, 2, 2, 4], calls
                 for j, h in enumerate(headers):
                     with open(fds[j], "rb", closefd=False) as f:
                         f.seek(h.offsets[layer])
