@@ -112,3 +112,15 @@ class InProcessNode:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def gated_node(tmp_path: Path, name: str):
+    """A tenant ``name``, a 4-layer tiny layout and an in-process node whose transfers a :class:`LayerGate` can hold."""
+    from kvsupport import tiny_layout
+    from support import make_tenants, write_config
+
+    tenant = make_tenants(name)[0]
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
+        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ntheta_bytes = 0\n'))
+    gate = LayerGate()
+    return tenant, tiny_layout(64, num_layers=4), gate, InProcessNode(config, pacers=[gate]).start()

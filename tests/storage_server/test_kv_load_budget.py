@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from inprocess import InProcessNode, LayerGate
+from inprocess import gated_node
 from kvsupport import client, keys_for, make_chunks, reference, rpc, run, tiny_layout
 from support import ServerProcess, boto_client, make_tenants, write_config
 
@@ -107,17 +107,8 @@ def test_a_paced_load_is_cut_where_its_next_layer_cannot_start_in_time_and_waits
         proc.stop()
 
 
-def _gated(tmp_path, name: str):
-    """A 4-layer layout and an in-process node whose transfers a :class:`LayerGate` can hold, with a tenant."""
-    tenant = make_tenants(name)[0]
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ntheta_bytes = 0\n'))
-    gate = LayerGate()
-    return tenant, tiny_layout(64, num_layers=4), gate, InProcessNode(config, pacers=[gate]).start()
-
-
 def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tmp_path, node_clock_only):
-    tenant, layout, gate, node = _gated(tmp_path, "s")
+    tenant, layout, gate, node = gated_node(tmp_path, "s")
     try:
         boto_client(node.endpoint, tenant).create_bucket(Bucket="stall")
         keys, chunks = keys_for(layout, N, "stall"), make_chunks(layout, N, seed=6)
@@ -151,7 +142,7 @@ def test_a_transfer_stalled_past_its_budget_is_cut_at_the_next_layer_boundary(tm
 def test_the_client_gives_up_on_its_own_clock_while_the_node_is_still_stalled(tmp_path):
     """The budget is the engine's: a node stalled before layer 1 has not cut the transfer yet (the gate is still
     held), and the client has already given up with KVLoadBudgetExceeded, so the engine's recompute can begin."""
-    tenant, layout, gate, node = _gated(tmp_path, "g")
+    tenant, layout, gate, node = gated_node(tmp_path, "g")
     try:
         boto_client(node.endpoint, tenant).create_bucket(Bucket="guard")
         keys, chunks = keys_for(layout, N, "guard"), make_chunks(layout, N, seed=7)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from inprocess import InProcessNode, LayerGate
-from kvsupport import client, keys_for, make_chunks, run, tiny_layout
-from support import boto_client, make_tenants, write_config
+from inprocess import InProcessNode, gated_node
+from kvsupport import client, keys_for, make_chunks, run
+from support import boto_client
 
 N = 4
 
@@ -27,14 +27,6 @@ class HoldingDelegate:
             self.cancelled.set()
             raise
         return None
-
-
-def _node(tmp_path, name: str):
-    tenant = make_tenants(name)[0]
-    config = write_config(tmp_path / "c.toml", tmp_path / "data", [tenant], extra=(
-        f'\n[storage_server]\nsocket = "{tmp_path / "ss.sock"}"\ntheta_bytes = 0\n'))
-    gate = LayerGate()
-    return tenant, tiny_layout(64, num_layers=4), gate, InProcessNode(config, pacers=[gate]).start()
 
 
 def _stop_while(node: InProcessNode, held: threading.Event, tenant, layout, keys, chunks, bucket: str) -> BaseException | None:
@@ -62,7 +54,7 @@ def _stop_while(node: InProcessNode, held: threading.Event, tenant, layout, keys
 
 
 def test_a_kv_get_served_here_is_stopped(tmp_path):
-    tenant, layout, gate, node = _node(tmp_path, "l")
+    tenant, layout, gate, node = gated_node(tmp_path, "l")
     try:
         boto_client(node.endpoint, tenant).create_bucket(Bucket="local")
         gate.hold_before(1)
@@ -76,7 +68,7 @@ def test_a_kv_get_served_here_is_stopped(tmp_path):
 def test_a_kv_get_served_through_other_nodes_is_stopped_too(tmp_path):
     """The delegate accepted it and holds it: stop_transfers cancels it as it does a local one (it used to be left
     running, only local transfers were known to it), the delegate sees the cancel, nothing stays active."""
-    tenant, layout, _, node = _node(tmp_path, "d")
+    tenant, layout, _, node = gated_node(tmp_path, "d")
     delegate = HoldingDelegate()
     node.storage_server.kv.delegate = delegate
     try:
