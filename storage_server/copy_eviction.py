@@ -6,7 +6,9 @@ decoded; until a kv-get reads it, it is only a guess). The rules keep speculatio
 
 * a copy a transfer reads is never evicted;
 * a read copy's fill evicts speculative copies first (least recently made first), then read copies, least recently
-  used first (the node-wide LRU the copies always had);
+  used first: its own tenant's always, another tenant's only while that tenant would still hold at least the read
+  bytes the filling tenant will (max-min fair: one tenant's kv-gets cannot push out every copy another tenant's
+  kv-gets made; with one tenant this is the node-wide LRU the copies always had);
 * a speculative fill never evicts a read copy. It evicts its own tenant's speculative copies first, then another
   tenant's only while that tenant would still hold more speculative bytes than the filling tenant (largest holder
   first): one tenant's burst of kv-puts cannot push out every other tenant's speculative copies.
@@ -41,12 +43,27 @@ def victims(held: Sequence[Held], used: int, budget: int, room: int, tenant: str
     free = [h for h in held if h.readers == 0]
     out: list[Hashable] = []
     if not speculative:
-        order = [h for h in free if h.speculative] + [h for h in free if not h.speculative]
-        for h in order:
+        for h in free:  # guesses first, oldest first
+            if need <= 0:
+                return out
+            if h.speculative:
+                out.append(h.ident)
+                need -= h.size
+        reads: dict[str, int] = {}
+        for h in held:
+            if not h.speculative:
+                reads[h.tenant] = reads.get(h.tenant, 0) + h.size
+        mine = reads.get(tenant, 0) + room  # what the filler will hold
+        for h in free:  # then read copies, least recently used first, within the fair share
             if need <= 0:
                 break
+            if h.speculative or (h.tenant != tenant and reads[h.tenant] - h.size < mine):
+                continue
             out.append(h.ident)
             need -= h.size
+            reads[h.tenant] -= h.size
+            if h.tenant == tenant:
+                mine -= h.size
         return out if need <= 0 else None
     for h in free:  # its own guesses first, oldest first
         if need <= 0:

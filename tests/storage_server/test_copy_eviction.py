@@ -1,5 +1,6 @@
 """Which decoded copies make room (:func:`storage_server.copy_eviction.victims`): speculative copies (made after a
-kv-put) never cost a copy a kv-get read, nor more than their share of another tenant's speculative copies."""
+kv-put) never cost a copy a kv-get read, nor more than their share of another tenant's speculative copies; a
+tenant's kv-gets take another tenant's read copies only down to their own share."""
 
 from __future__ import annotations
 
@@ -51,6 +52,20 @@ def test_another_tenants_guesses_go_only_while_it_holds_more_than_the_filler():
     assert victims(held, used=50, budget=50, room=30, tenant="a", speculative=True) is None
 
 
+def test_another_tenants_read_copies_go_only_while_it_holds_at_least_what_the_filler_will():
+    held = [h(f"b{i}", tenant="b") for i in range(4)] + [h("a0"), h("c0", tenant="c")]
+    # a will hold 10 + 20 = 30: b (40) gives its oldest and keeps 30; the next would leave it below a; c (10) none;
+    # then a's own copy
+    assert victims(held, used=60, budget=60, room=20, tenant="a", speculative=False) == ["b0", "a0"]
+    # room for 40: a would hold 50, more than b's 40, so b gives nothing, and a's own copy is not enough: no room
+    assert victims(held, used=60, budget=60, room=40, tenant="a", speculative=False) is None
+    # the tenant holding most fills: it evicts its own, least recently used first, never the others'
+    assert victims(held, used=60, budget=60, room=20, tenant="b", speculative=False) == ["b0", "b1"]
+    # guesses of any tenant still go first
+    assert victims([h("s", tenant="c", speculative=True)] + held, used=70, budget=70, room=10, tenant="b",
+                   speculative=False) == ["s"]
+
+
 @given(st.lists(st.tuples(st.integers(1, 50), st.sampled_from("abc"), st.booleans(), st.integers(0, 1)), max_size=12),
        st.integers(1, 80), st.sampled_from("abc"), st.booleans())
 def test_the_rules_hold_for_any_set_of_copies(rows, room, tenant, speculative):
@@ -64,6 +79,10 @@ def test_the_rules_hold_for_any_set_of_copies(rows, room, tenant, speculative):
     assert len(gone) == len(out)  # each at most once
     assert used - sum(x.size for x in gone.values()) + room <= budget  # the room fits
     assert all(x.readers == 0 for x in gone.values())  # none a transfer reads
+    if not speculative:  # another tenant's read copies go only while it keeps at least the filler's read bytes
+        mine = sum(x.size for x in held if not x.speculative and x.tenant == tenant and x.ident not in gone) + room
+        for other in {x.tenant for x in gone.values() if not x.speculative} - {tenant}:
+            assert sum(x.size for x in held if not x.speculative and x.tenant == other and x.ident not in gone) >= mine
     if speculative:
         assert all(x.speculative for x in gone.values())  # a guess never costs a read copy
         mine = sum(x.size for x in held if x.speculative and x.tenant == tenant and x.ident not in gone) + room
