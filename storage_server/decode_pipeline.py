@@ -11,9 +11,9 @@ pool, so piece k+1 is fetched while piece k is decompressed and piece k-1 dequan
 3. **dequantise** (``compression.dequantise_threads``): the lossy stage from the intermediate buffer
    into the destination, then the piece's CRC32C while its bytes are hot.
 
-A call whose chunks make one piece, while no other layer is decoding, has nothing to overlap its stages with:
-they run one after another in one job on the decompress pool (:func:`_all_stages`, each still metered), one
-thread hop instead of three. With other layers decoding, the stages keep their own pools.
+A call whose chunks make one piece has nothing to overlap its stages with: while the decompress pool has a
+thread for it, they run one after another in one job there (:func:`_all_stages`, each still metered), one
+thread hop instead of three. With more layers decoding than that, the stages keep their own pools.
 
 The destination is the transport's buffer (the engine's shm region, or the http/rdma staging piece):
 no copy after the last stage. Slots (encoded + intermediate buffers) are allocated once per pipeline,
@@ -113,7 +113,7 @@ class DecodePipeline:
         self.meters = {stage: StageMeter() for stage in STAGES}
         self._free: asyncio.Queue[Slot] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._decoding = 0  # decode() calls in flight (a one-piece layer runs in one job only when it is the only one)
+        self._decoding = 0  # decode() calls in flight (a one-piece layer runs in one job while the decompress pool has room)
 
     def status(self) -> dict[str, dict[str, float | int]]:
         """Per stage since start: pieces, decoded bytes, thread-seconds and GB/s per worker (the measured throughput
@@ -156,7 +156,8 @@ class DecodePipeline:
         """Layer ``layer`` of chunks first..last-1 decoded into ``dest`` (chunk j at ``(j - first)·s``); its CRC32C
         (0 unless ``checksum``)."""
         pieces = self.pieces(headers, layer, first, last, s)
-        whole = len(pieces) == 1 and not self._decoding  # alone: nothing to share the stage pools with either
+        # Its stages in one job while the decompress pool has a thread for it (not crowding out the staged pieces)
+        whole = len(pieces) == 1 and self._decoding < self.workers["decompress"]
         self._decoding += 1
         try:
             work = [asyncio.ensure_future(self._piece(fds, offsets, headers, keys, p, s, dest, checksum, whole)) for p in pieces]
@@ -177,8 +178,8 @@ class DecodePipeline:
         return crc
 
     async def _piece(self, fds, offsets, headers, keys, p: Piece, s: int, dest: memoryview, checksum: bool, alone: bool = False) -> int:
-        """One piece through the stages. ``alone`` (the only piece of the only layer decoding): the three stages run one
-        after another in one job (see :func:`_all_stages`)."""
+        """One piece through the stages. ``alone`` (the only piece of its layer, a decompress thread free for it): the
+        three stages run one after another in one job (see :func:`_all_stages`)."""
         loop = asyncio.get_running_loop()
         free = self._queue()
         slot = await free.get()

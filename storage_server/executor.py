@@ -50,6 +50,9 @@ from .transports import Transport
 
 __all__ = ["COLD_FRACTION", "INLINE_GATHER_BYTES", "IOV_MAX", "Executor", "Pacer", "ReadPlan"]
 
+# Layers of chunks the node decodes into shared memory that decode at once (this one and the next): one layer at a
+# time left all decode threads but one idle where a layer is one piece (see _notify_decoded).
+DECODE_AHEAD_LAYERS = 2
 COLD_FRACTION = 0.5  # at most this share of the sampled chunks in the page cache: the transfer reads past it
 
 
@@ -324,7 +327,10 @@ class Executor(DirectRuns):
                 # loop: first layer 2.2-3.4 ms instead of 1.4-1.6 at G256x64).
                 lane = GatherLane(self._lane, plan.rows, plan.first_rows, split, layers[1:], d.per_layer_chunk_bytes,  # type: ignore[arg-type]
                                   lambda layer: transport.piece_buffer(layer, 0, split), d.layer_checksums)
-            read_s = await self._notify_layers(plan, transport, pacer, started, layers, timeline, lane, split)
+            if plan.headers is not None and pacer is None:
+                read_s = await self._notify_decoded(plan, transport, started, layers, timeline)
+            else:
+                read_s = await self._notify_layers(plan, transport, pacer, started, layers, timeline, lane, split)
         finally:
             try:
                 if lane is not None:
@@ -379,4 +385,49 @@ class Executor(DirectRuns):
             timeline[layer][2] = time.perf_counter() - started
             if lane is not None:
                 lane.start()  # from the second layer on
+        return read_s
+
+    async def _notify_decoded(self, plan: ReadPlan, transport: Transport, started: float, layers: range,
+                              timeline: list[list[float]]) -> float:
+        """:meth:`_notify_layers` for chunks the node decodes, unpaced: the next DECODE_AHEAD_LAYERS - 1 layers decode
+        while this one does (each layer's place in the client's memory is its own), the LAYER frames still in order.
+        One layer at a time, a layer of one piece kept one decode thread busy and the others idle. Nothing still
+        decodes into the client's memory once this returns, whatever ended it."""
+        d = plan.descriptor
+        n, k, s = len(plan.fds), plan.piece_chunks, d.per_layer_chunk_bytes
+
+        async def read(layer: int) -> tuple[int, float]:
+            t0 = time.perf_counter()
+            timeline[layer][0] = t0 - started
+            crc = 0
+            for first, last in ((a, min(a + k, n)) for a in range(0, n, k)):
+                piece_crc = await self.read_piece(plan, layer, first, last, transport.piece_buffer(layer, first, last), d.layer_checksums)
+                crc = crc32c_combine(crc, piece_crc, (last - first) * s) if d.layer_checksums else 0
+            t1 = time.perf_counter()
+            timeline[layer][1] = t1 - started
+            return crc, t1 - t0
+
+        ahead: list[asyncio.Future] = []
+        current: asyncio.Future | None = None
+        todo = iter(layers)
+        read_s = 0.0
+        try:
+            for layer in layers:
+                while len(ahead) < DECODE_AHEAD_LAYERS and (nxt := next(todo, None)) is not None:
+                    ahead.append(asyncio.ensure_future(read(nxt)))
+                current = ahead.pop(0)
+                crc, took = await current
+                current = None
+                read_s += took
+                if not transport.layer_ready_now(layer, crc):
+                    await transport.layer_ready(layer, crc)
+                elif transport.frames.queued():
+                    await transport.frames.flushed()  # the client is a socket buffer behind: no reading ahead of it
+                timeline[layer][2] = time.perf_counter() - started
+        finally:
+            rest = ahead + ([current] if current is not None else [])
+            for task in rest:
+                task.cancel()
+            if rest:  # a decode cancelled mid-layer returns only once its stage threads have (DecodePipeline.decode)
+                await _settled(asyncio.gather(*rest, return_exceptions=True))
         return read_s
