@@ -54,17 +54,20 @@ def victims(held: Sequence[Held], used: int, budget: int, room: int, tenant: str
             if not h.speculative:
                 reads[h.tenant] = reads.get(h.tenant, 0) + h.size
         mine = reads.get(tenant, 0) + room  # what the filler will hold
-        for h in free:  # then read copies, least recently used first, within the fair share
-            if need <= 0:
-                break
-            if h.speculative or (h.tenant != tenant and reads[h.tenant] - h.size < mine):
-                continue
+        left = [h for h in free if not h.speculative]
+        while need > 0:  # then read copies, least recently used first, within the fair share
+            for h in left:  # (a copy skipped may become fair once the filler's own have gone: passes until none is)
+                if h.tenant == tenant or reads[h.tenant] - h.size >= mine:
+                    break
+            else:
+                return None
+            left.remove(h)
             out.append(h.ident)
             need -= h.size
             reads[h.tenant] -= h.size
             if h.tenant == tenant:
                 mine -= h.size
-        return out if need <= 0 else None
+        return out
     for h in free:  # its own guesses first, oldest first
         if need <= 0:
             break

@@ -11,8 +11,8 @@ pool, so piece k+1 is fetched while piece k is decompressed and piece k-1 dequan
 3. **dequantise** (``compression.dequantise_threads``): the lossy stage from the intermediate buffer
    into the destination, then the piece's CRC32C while its bytes are hot.
 
-A call whose chunks make one piece has nothing to overlap its stages with: while the decompress pool has a
-thread for it, they run one after another in one job there (:func:`_all_stages`, each still metered), one
+A call whose chunks make one piece has nothing to overlap its stages with: while fewer layers decode than
+there are decompress threads, they run one after another in one job there (:func:`_all_stages`, each still metered), one
 thread hop instead of three. With more layers decoding than that, the stages keep their own pools.
 
 The destination is the transport's buffer (the engine's shm region, or the http/rdma staging piece):
@@ -156,7 +156,7 @@ class DecodePipeline:
         """Layer ``layer`` of chunks first..last-1 decoded into ``dest`` (chunk j at ``(j - first)·s``); its CRC32C
         (0 unless ``checksum``)."""
         pieces = self.pieces(headers, layer, first, last, s)
-        # Its stages in one job while the decompress pool has a thread for it (not crowding out the staged pieces)
+        # Its stages in one job while fewer layers decode than there are decompress threads (not crowding out staged pieces)
         whole = len(pieces) == 1 and self._decoding < self.workers["decompress"]
         self._decoding += 1
         try:
@@ -178,8 +178,8 @@ class DecodePipeline:
         return crc
 
     async def _piece(self, fds, offsets, headers, keys, p: Piece, s: int, dest: memoryview, checksum: bool, alone: bool = False) -> int:
-        """One piece through the stages. ``alone`` (the only piece of its layer, a decompress thread free for it): the
-        three stages run one after another in one job (see :func:`_all_stages`)."""
+        """One piece through the stages. ``alone`` (the only piece of its layer, fewer layers decoding than decompress
+        threads): the three stages run one after another in one job (see :func:`_all_stages`)."""
         loop = asyncio.get_running_loop()
         free = self._queue()
         slot = await free.get()

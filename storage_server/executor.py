@@ -337,7 +337,9 @@ class Executor(DirectRuns):
                     await lane.close()  # before another transfer may take the lane's thread
             finally:
                 self.gathering -= 1
-        deliver_s = sum(r[2] - r[1] for r in timeline)
+        # A layer's delivery: from its read's end, or the frame before it where that went later (a layer decoded ahead
+        # waits for it), to its own frame.
+        deliver_s = sum(r[2] - max(r[1], prev[2]) for prev, r in zip([[0.0, 0.0, 0.0], *timeline], timeline) if r[2])
         first_layer_s = timeline[layers[0]][2] if layers and layers[0] == 0 else 0.0
         return _stats(plan, timeline, read_s, deliver_s, started, first_layer_s)
 
@@ -392,33 +394,32 @@ class Executor(DirectRuns):
         """:meth:`_notify_layers` for chunks the node decodes, unpaced: the next DECODE_AHEAD_LAYERS - 1 layers decode
         while this one does (each layer's place in the client's memory is its own), the LAYER frames still in order.
         One layer at a time, a layer of one piece kept one decode thread busy and the others idle. Nothing still
-        decodes into the client's memory once this returns, whatever ended it."""
+        decodes into the client's memory once this returns, whatever ended it. The read time is the reads' union."""
         d = plan.descriptor
         n, k, s = len(plan.fds), plan.piece_chunks, d.per_layer_chunk_bytes
 
-        async def read(layer: int) -> tuple[int, float]:
-            t0 = time.perf_counter()
-            timeline[layer][0] = t0 - started
+        async def read(layer: int) -> int:
+            timeline[layer][0] = time.perf_counter() - started
             crc = 0
             for first, last in ((a, min(a + k, n)) for a in range(0, n, k)):
                 piece_crc = await self.read_piece(plan, layer, first, last, transport.piece_buffer(layer, first, last), d.layer_checksums)
                 crc = crc32c_combine(crc, piece_crc, (last - first) * s) if d.layer_checksums else 0
-            t1 = time.perf_counter()
-            timeline[layer][1] = t1 - started
-            return crc, t1 - t0
+            timeline[layer][1] = time.perf_counter() - started
+            return crc
 
         ahead: list[asyncio.Future] = []
         current: asyncio.Future | None = None
         todo = iter(layers)
-        read_s = 0.0
+        read_s = covered = 0.0
         try:
             for layer in layers:
                 while len(ahead) < DECODE_AHEAD_LAYERS and (nxt := next(todo, None)) is not None:
                     ahead.append(asyncio.ensure_future(read(nxt)))
                 current = ahead.pop(0)
-                crc, took = await current
+                crc = await current
                 current = None
-                read_s += took
+                read_s += max(0.0, timeline[layer][1] - max(timeline[layer][0], covered))  # the reads' union, not their sum
+                covered = max(covered, timeline[layer][1])
                 if not transport.layer_ready_now(layer, crc):
                     await transport.layer_ready(layer, crc)
                 elif transport.frames.queued():

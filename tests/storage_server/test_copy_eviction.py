@@ -61,6 +61,9 @@ def test_another_tenants_read_copies_go_only_while_it_holds_at_least_what_the_fi
     assert victims(held, used=60, budget=60, room=40, tenant="a", speculative=False) is None
     # the tenant holding most fills: it evicts its own, least recently used first, never the others'
     assert victims(held, used=60, budget=60, room=20, tenant="b", speculative=False) == ["b0", "b1"]
+    # a copy passed over becomes fair once the filler's own are gone: B1 (b keeps 4 >= a's 4 once A1 is gone)
+    held2 = [h("B1", size=1, tenant="b"), h("A1", size=3), h("B2", size=4, tenant="b")]
+    assert victims(held2, used=8, budget=8, room=4, tenant="a", speculative=False) == ["A1", "B1"]
     # guesses of any tenant still go first
     assert victims([h("s", tenant="c", speculative=True)] + held, used=70, budget=70, room=10, tenant="b",
                    speculative=False) == ["s"]
@@ -79,6 +82,9 @@ def test_the_rules_hold_for_any_set_of_copies(rows, room, tenant, speculative):
     assert len(gone) == len(out)  # each at most once
     assert used - sum(x.size for x in gone.values()) + room <= budget  # the room fits
     assert all(x.readers == 0 for x in gone.values())  # none a transfer reads
+    if not speculative and {x.tenant for x in held} <= {tenant}:  # one tenant: speculative first, then plain LRU
+        order = [x.ident for x in held if x.readers == 0 and x.speculative] + [x.ident for x in held if x.readers == 0 and not x.speculative]
+        assert out == order[: len(out)]
     if not speculative:  # another tenant's read copies go only while it keeps at least the filler's read bytes
         mine = sum(x.size for x in held if not x.speculative and x.tenant == tenant and x.ident not in gone) + room
         for other in {x.tenant for x in gone.values() if not x.speculative} - {tenant}:

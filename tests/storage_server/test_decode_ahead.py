@@ -24,14 +24,17 @@ def _node(tmp_path):
     return tenant, node
 
 
-def _record_decodes(node: InProcessNode) -> list[tuple[str, int]]:
-    """("start"/"end", layer) of every layer decode, in the order the node's loop saw them."""
+def _record_decodes(node: InProcessNode, hold_from: int | None = None) -> list[tuple[str, int]]:
+    """("start"/"end", layer) of every layer decode, in the order the node's loop saw them; ``hold_from``: layers from
+    that one on wait until cancelled instead of decoding."""
     decoder = node.storage_server.kv.executor.decoder
     real, events = decoder.decode, []
 
     async def decode(fds, offsets, headers, keys, layer, *rest):
         events.append(("start", layer))
         try:
+            if hold_from is not None and layer >= hold_from:
+                await asyncio.sleep(3600)
             return await real(fds, offsets, headers, keys, layer, *rest)
         finally:
             events.append(("end", layer))
@@ -71,32 +74,42 @@ def test_the_next_layer_decodes_while_this_one_does_and_the_layers_arrive_in_ord
 
 
 def test_a_client_that_leaves_mid_load_leaves_no_decode_running(tmp_path):
-    """The client stops reading after layer 0 and closes: the node's transfer ends with no layer decode still
-    running (the one ahead is cancelled and waited for: its stage threads write into the client's memory)."""
+    """Layers from 1 on never finish decoding (held); the client takes layer 0 and leaves: the node's transfer is cut,
+    the layer decoding ahead is cancelled and waited for, and no decode ends after the transfer has returned."""
     tenant, node = _node(tmp_path)
     try:
-        events = _record_decodes(node)
+        events = _record_decodes(node, hold_from=1)
+        executor = node.storage_server.kv.executor
+        real_run = executor.run
+
+        async def run_recorded(*args, **kwargs):
+            try:
+                return await real_run(*args, **kwargs)
+            finally:
+                events.append(("returned", -1))
+        executor.run = run_recorded
         layout = kv_layout(16)
         chunks, keys = kv_chunks(layout, N, seed=81), keys_for(layout, N, "leave")
+        completed = node.storage_server.kv.completed
 
         async def go():
             async with client(node, tenant, "ahead") as c:
                 await c.put_chunks(keys, chunks, layout, codec="zstd")
                 async with c.fetch_layers(keys, layout, "shm", mode="layerwise") as layers:
                     async for layer, view in layers:
-                        assert np.array_equal(np.frombuffer(view, np.uint8), reference(layout, chunks)[0])
+                        assert layer == 0 and np.array_equal(np.frombuffer(view, np.uint8), reference(layout, chunks)[0])
                         break  # leaves: the fetch is abandoned
         run(go())
 
         async def settled():
-            for _ in range(500):  # bounded: the node notices the closed connection at its next layer
-                if not node.storage_server.kv.active:
+            for _ in range(500):  # bounded: the node notices the closed connection
+                if ("returned", -1) in events and not node.storage_server.kv.active:
                     return True
                 await asyncio.sleep(0.01)
             return False
         assert asyncio.run_coroutine_threadsafe(settled(), node._loop).result(30)
-        starts = sum(kind == "start" for kind, _ in events)
-        ends = sum(kind == "end" for kind, _ in events)
-        assert starts == ends and starts >= 1, events
+        assert ("start", 1) in events and ("end", 1) in events, events  # layer 1 was held, then cancelled
+        assert events.index(("returned", -1)) == len(events) - 1, events  # nothing ended after the transfer returned
+        assert node.storage_server.kv.completed == completed  # cut, not completed
     finally:
         node.stop()
