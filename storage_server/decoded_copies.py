@@ -108,6 +108,9 @@ class DecodedCopies:
         self._copies: OrderedDict[Identity, _Copy] = OrderedDict()  # least recently used first
         self._pending: set[Identity] = set()
         self._bytes = 0
+        # Bytes of copies being written, by (tenant, speculative): held in the budget and counted as that tenant's by
+        # the fair eviction rule (as copies a transfer reads: never evicted) until the copy is kept or dropped.
+        self._writing: dict[tuple[str, bool], int] = {}
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="decoded-copies", initializer=lowest_priority)
         # Decodes of chunks streaming in from an upstream (storage_server.stream_decode): a kv-get waits for these.
@@ -238,7 +241,7 @@ class DecodedCopies:
                     else:
                         self.skipped += 1
                     return
-                self._bytes += raw.nbytes  # reserved before the write: the budget holds while it runs
+                self._write(tenant, speculative, raw.nbytes)  # reserved before the write: the budget holds while it runs
             slot = None
             try:
                 tmp = path.with_suffix(".tmp")
@@ -252,15 +255,16 @@ class DecodedCopies:
                 if slot is not None:
                     self.mapper.unmap(slot)
                 with self._lock:
-                    self._bytes -= raw.nbytes
+                    self._write(tenant, speculative, -raw.nbytes)
                 raise
             with self._lock:
+                self._write(tenant, speculative, -raw.nbytes)
                 if self._closed:  # close() unmapped every copy already: this one must not outlive the arenas
                     if slot is not None:
                         self.mapper.unmap(slot)
-                    self._bytes -= raw.nbytes
                     path.unlink(missing_ok=True)
                     return
+                self._bytes += raw.nbytes  # now the kept copy's
                 self._copies[ident] = _Copy(path, raw.nbytes, slot=slot, tenant=tenant, speculative=speculative)
                 if speculative:
                     self.prefills += 1
@@ -281,7 +285,7 @@ class DecodedCopies:
             if self._closed or nbytes > self.max_bytes or not self._evict(nbytes, tenant, False):
                 self.skipped += 1
                 return None
-            self._bytes += nbytes
+            self._write(tenant, False, nbytes)
             self._names += 1
             return self.root / f"{self._names:016x}.tmp"
 
@@ -296,10 +300,10 @@ class DecodedCopies:
             b, s = self._stream_meter.get(codec, (0, 0.0))
         return b / s * self.stream_threads if s > 0 else None
 
-    def unreserve(self, tmp: Path, nbytes: int) -> None:
+    def unreserve(self, tmp: Path, nbytes: int, tenant: str) -> None:
         tmp.unlink(missing_ok=True)
         with self._lock:
-            self._bytes -= nbytes
+            self._write(tenant, False, -nbytes)
 
     def adopt(self, ident: Identity, tmp: Path, nbytes: int, tenant: str) -> None:
         """A reserved copy fully written at ``tmp``: kept (mapped where the bound allows) for the chunk file ``ident``."""
@@ -312,15 +316,16 @@ class DecodedCopies:
         except BaseException:
             if slot is not None:
                 self.mapper.unmap(slot)
-            self.unreserve(tmp, nbytes)
+            self.unreserve(tmp, nbytes, tenant)
             raise
         with self._lock:
+            self._write(tenant, False, -nbytes)
             if self._closed or ident in self._copies:
                 if slot is not None:
                     self.mapper.unmap(slot)
-                self._bytes -= nbytes
                 path.unlink(missing_ok=True)
                 return
+            self._bytes += nbytes  # now the kept copy's
             self._copies[ident] = _Copy(path, nbytes, slot=slot, tenant=tenant)
             self.streamed += 1
 
@@ -330,7 +335,16 @@ class DecodedCopies:
 
     def _victims(self, room: int, tenant: str, speculative: bool) -> list | None:
         held = [Held(i, c.size, c.tenant, c.speculative, c.readers) for i, c in self._copies.items()]
+        held += [Held(("writing", t, spec), n, t, spec, readers=1) for (t, spec), n in self._writing.items() if n]
         return victims(held, self._bytes, self.max_bytes, room, tenant, speculative)
+
+    def _write(self, tenant: str, speculative: bool, nbytes: int) -> None:
+        """(Lock held.) ``nbytes`` more (or, negative, fewer) of ``tenant``'s copies are being written."""
+        self._bytes += nbytes
+        key = (tenant, speculative)
+        self._writing[key] = self._writing.get(key, 0) + nbytes
+        if not self._writing[key]:
+            del self._writing[key]
 
     def _evict(self, room: int, tenant: str = "", speculative: bool = False) -> bool:
         """Make ``room`` more bytes fit by the rules of :mod:`.copy_eviction` (lock held); False: they cannot (then

@@ -157,7 +157,7 @@ class StreamedCopy:
         self._tasks = []
         self._close()
         if self._tmp is not None and self.header is not None:
-            self.copies.unreserve(self._tmp, self.header.layers * self.header.slice_bytes)
+            self.copies.unreserve(self._tmp, self.header.layers * self.header.slice_bytes, self.tenant)
             self._tmp = None
 
     def _close(self) -> None:

@@ -164,3 +164,25 @@ def test_a_kv_get_that_reserved_no_descriptor_for_copies_opens_none_but_still_fi
         copies.close()
         os.close(fa)
         os.close(fb)
+
+
+def test_copies_still_being_written_count_as_their_tenants_when_another_makes_room(tmp_path, mapper):
+    """b keeps two copies; a cold kv-get of a's is writing three (reserved, not kept yet). A fourth of a's may not
+    evict b's: a already holds more than b in copies being written (uncounted, b would lose one of its two)."""
+    unit = LAYOUT.chunk_bytes
+    copies = DecodedCopies(tmp_path / "copies", 5 * unit, mapper=mapper)
+    try:
+        for j in range(2):
+            tmp = copies.reserve(unit, "b")
+            assert tmp is not None
+            tmp.write_bytes(bytes(unit))
+            copies.adopt(("b", j), tmp, unit, "b")
+        writing = [copies.reserve(unit, "a") for _ in range(3)]
+        assert all(t is not None for t in writing)
+        assert copies.reserve(unit, "a") is None  # no room within the fair share: b keeps both
+        assert copies.status()["chunks"] == 2 and copies.evicted == 0
+        for t in writing:
+            copies.unreserve(t, unit, "a")  # a's kv-get gave up on them: their room is free again
+        assert copies.reserve(unit, "a") is not None and copies.evicted == 0
+    finally:
+        copies.close()
