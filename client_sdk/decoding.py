@@ -21,7 +21,7 @@ import numpy as np
 from awscrt.checksums import crc32c
 
 from protocol import codecs
-from protocol.codecs import CodecError
+from protocol.codecs import CodecError, alike_runs
 from protocol.compressed_chunk import SLICE_HEAD, bad_chunk, unpack_slice_head
 from protocol.errors import ErrorCode, S3Error
 
@@ -80,17 +80,12 @@ def decode_slices(slices: list[Slice], dest: memoryview) -> None:
         if layout.nbytes(dtype) != s:
             raise bad_chunk(what, "layout", f"decodes to {layout.nbytes(dtype)} bytes, the slice is {s}")
         heads.append(((codec.id, dtype, layout), codec, body))
-    k = 0
-    while k < len(heads):
-        end = k + 1
-        while end < len(heads) and heads[end][0] == heads[k][0]:
-            end += 1
+    for k, n in alike_runs([kind for kind, _, _ in heads]):
         (_, dtype, layout), codec = heads[k][0], heads[k][1]
         try:
-            codec.decode_many([h[2] for h in heads[k:end]], np.frombuffer(dest, np.uint8, (end - k) * s, k * s), dtype, layout)
+            codec.decode_many([h[2] for h in heads[k : k + n]], np.frombuffer(dest, np.uint8, n * s, k * s), dtype, layout)
         except CodecError as e:
             raise bad_chunk(slices[k + e.index][0], e.field, str(e)) from None
-        k = end
 
 
 class LayerDecodes:

@@ -75,12 +75,11 @@ class ChunkHeader:
 
     def decode_layer(self, key: str, layer: int, encoded: bytes | memoryview | np.ndarray, out: memoryview | np.ndarray) -> None:
         """Check layer ``layer``'s CRC and decode it into ``out`` (S bytes); errors name ``key``."""
-        if crc32c(encoded) != self.crcs[layer]:
-            raise bad_chunk(key, f"layers[{layer}].crc32c", "the encoded layer slice does not match its checksum")
-        try:
-            self.codec.decode(encoded, out, self.dtype, self.layout)
-        except CodecError as e:
-            raise bad_chunk(key, f"layers[{layer}].{e.field}", str(e)) from None
+        self.decode_layers(key, layer, [encoded], out)
+
+    def encoded_slices(self, data: memoryview | np.ndarray, first: int = 0, last: int | None = None, at: int = 0) -> list:
+        """Views of layers first..last-1's encoded slices in ``data``, which holds the object from byte ``at`` on."""
+        return [data[self.offsets[k] - at : self.offsets[k] - at + self.lengths[k]] for k in range(first, self.layers if last is None else last)]
 
     def decode_layers(self, key: str, first: int, encoded: Sequence[bytes | memoryview | np.ndarray], out: memoryview | np.ndarray) -> None:
         """Layers ``first``.. of this chunk (their encoded slices in ``encoded``), each CRC checked, decoded together into

@@ -36,7 +36,7 @@ import numpy as np
 from awscrt.checksums import crc32c
 
 from protocol.checksums import crc32c_combine
-from protocol.codecs import CodecError
+from protocol.codecs import CodecError, alike_runs
 from protocol.compressed_chunk import ChunkHeader, bad_chunk
 from protocol.errors import ErrorCode, S3Error
 
@@ -270,7 +270,8 @@ def _decompress(headers, keys, p: Piece, s: int, dest: memoryview, slot: Slot) -
 def _dequantise(headers, keys, p: Piece, s: int, dest: memoryview, slot: Slot, checksum: bool) -> int:
     """The lossy stage of the piece, one call per run of neighbouring chunks stored alike (their intermediates lie back
     to back in the slot, their slices in ``dest``): see ``Codec.dequantise``'s ``count``."""
-    for i, n in _alike_runs(headers, p):
+    kinds = [None if h is None or at < 0 else (h.codec.id, h.dtype, h.layout) for h, at in zip(headers[p.a : p.b], p.mid_at)]
+    for i, n in alike_runs(kinds):  # lossy chunks' intermediates are laid out one after another in the slot (pieces())
         h, j = headers[p.a + i], p.a + i
         size = h.codec.intermediate_size(h.dtype, h.layout)
         mid, out = slot.mid[p.mid_at[i] : p.mid_at[i] + n * size], np.frombuffer(dest, np.uint8, n * s, (j - p.base) * s)
@@ -281,17 +282,3 @@ def _dequantise(headers, keys, p: Piece, s: int, dest: memoryview, slot: Slot, c
     start = (p.a - p.base) * s
     return crc32c(dest[start : start + (p.b - p.a) * s]) if checksum else 0
 
-
-def _alike_runs(headers: list[ChunkHeader | None], p: Piece) -> list[tuple[int, int]]:
-    """(first index in the piece, count) of each run of chunks with a lossy stage and one codec, dtype and layout."""
-    runs: list[tuple[int, int]] = []
-    kind = None
-    for i, j in enumerate(range(p.a, p.b)):
-        h = headers[j]
-        this = None if h is None or p.mid_at[i] < 0 else (h.codec.id, h.dtype, h.layout)
-        if this is not None and this == kind and p.mid_at[i] == p.mid_at[i - 1] + h.codec.intermediate_size(h.dtype, h.layout):
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        elif this is not None:
-            runs.append((i, 1))
-        kind = this
-    return runs

@@ -231,7 +231,7 @@ class DecodedCopies:
                 raise OSError(f"short read: {got} of {header.object_bytes} bytes")
             s = header.slice_bytes
             raw = np.empty(header.layers * s, np.uint8)
-            header.decode_layers(key, 0, [encoded[off : off + n] for off, n in zip(header.offsets, header.lengths)], raw)
+            header.decode_layers(key, 0, header.encoded_slices(encoded), raw)
             with self._lock:
                 self._names += 1
                 path = self.root / f"{self._names:016x}"

@@ -169,6 +169,8 @@ class KVService:
         transport = open_transport(OpenRequest(d, tenant, frames, self.regions, self.staging_buffers))
         pinned, extra_fds, last = None, 0, None
         try:
+            if (task := asyncio.current_task()) is not None:
+                self._tasks[slot] = task  # stop_transfers stops it, here or served through other nodes (finally forgets it)
             if self.delegate is not None and (delegated := await self._delegated(call, d, transport, frames, slot, arrived)):
                 return None if delegated is True else delegated
             pinned = await self.chunks.pin(bucket, d.chunk_keys, PinFor(tenant, request_id, d.chunk_object_bytes, d.num_layers))
@@ -193,8 +195,6 @@ class KVService:
             # Validation passed: nothing can fail for the client's input from here on.
             call.writer.write(encode_reply(KVGetAccepted(plan.mode.name.lower(), d.payload_bytes, d.num_layers, transport.tag).to_json()))
             self.active[slot] = info
-            if (task := asyncio.current_task()) is not None:
-                self._tasks[slot] = task
             outcome, stats = "failed", None
             try:
                 work = self._staged(info, ReadPlan.of(d, plan.mode, pinned, plan.piece_chunks, headers), transport, copy_fds)
@@ -259,8 +259,6 @@ class KVService:
             self.active[slot] = info
 
         outcome, stats, last = "failed", None, None
-        if (task := asyncio.current_task()) is not None:
-            self._tasks[slot] = task  # stop_transfers stops it as it does a local one (the caller's finally forgets it)
         try:
             stats = await _until_disconnect(call.reader, self.delegate.delegate(tenant, bucket, request_id, d, transport, accept), call.writer)
             if stats is None:

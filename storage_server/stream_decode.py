@@ -89,7 +89,7 @@ class StreamedCopy:
         # Wall time, waits for a core and the GIL included: what streaming costs beside the fetch on a busy host (CPU
         # time made every chunk stream on a 2-core host, and the cold kv-gets got slower: see the commit).
         t0 = time.perf_counter()
-        h.decode_layers(self.key, first, [encoded[h.offsets[k] - start : h.offsets[k] - start + h.lengths[k]] for k in range(first, last)], out)
+        h.decode_layers(self.key, first, h.encoded_slices(encoded, first, last, at=start), out)
         self.copies.stream_decoded(h.codec.name, out.nbytes, time.perf_counter() - t0)
         if os.pwrite(self._dst, memoryview(out), first * s) != out.nbytes:
             raise OSError("short write of decoded layers")

@@ -25,7 +25,7 @@ the lossless one. Bounds and formats: :mod:`.quant`, :mod:`.entropy`. Ids are ne
 
 from __future__ import annotations
 
-from .base import BATCH_BYTES, DTYPE_IDS, DTYPES, Codec, CodecError, SliceLayout
+from .base import BATCH_BYTES, DTYPE_IDS, DTYPES, Codec, CodecError, SliceLayout, alike_runs
 from .entropy import ZstdPlanes
 from .quant import Fp8Quantiser, IntQuantiser, group_absmax
 
@@ -62,4 +62,4 @@ def codec_by_name(name: str) -> Codec:
 
 
 __all__ = ["BATCH_BYTES", "CODECS", "CODEC_NAMES", "DTYPES", "DTYPE_IDS", "LOSSLESS_NAMES", "NONE", "Codec", "CodecError", "SliceLayout",
-           "codec_by_id", "codec_by_name", "group_absmax"]
+           "alike_runs", "codec_by_id", "codec_by_name", "group_absmax"]

@@ -8,7 +8,7 @@ as separate stages (decompress, then dequantise), :meth:`Codec.decode` runs both
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +56,20 @@ def scratch(name: str, shape: int | tuple[int, ...], dtype: type = np.uint8) -> 
         else:
             bufs.pop(name, None)
     return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def alike_runs(kinds: Sequence[Hashable]) -> list[tuple[int, int]]:
+    """(first index, count) of each run of equal neighbours in ``kinds`` that are not None: the slices one
+    :meth:`Codec.decode_many` or ``dequantise(count=)`` call can take together (kind: codec id, dtype, layout)."""
+    runs: list[tuple[int, int]] = []
+    for i, kind in enumerate(kinds):
+        if kind is None:
+            continue
+        if runs and i == runs[-1][0] + runs[-1][1] and kinds[i - 1] == kind:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _at(index: int, fn, *args) -> None:

@@ -56,16 +56,13 @@ class ZstdPlanes:
 
     def decompress(self, blob: np.ndarray, itemsize: int, out: np.ndarray) -> None:
         planes = itemsize if self.split else 1
+        if planes == 2:  # 16-bit elements: the interleave of decompress_many
+            self.decompress_many([blob], itemsize, out)
+            return
         view = out.reshape(-1, planes) if planes > 1 else out
         for p, plane in enumerate(self._planes(blob, planes, out.size // planes)):
             if planes == 1:
                 view[:] = plane
-            elif planes == 2:  # little-endian 16-bit elements: lo | hi << 8, in place (faster than two strided copies)
-                o16 = out.view(np.uint16)
-                if p == 0:
-                    o16[:] = plane
-                else:
-                    np.bitwise_or(o16, np.left_shift(plane.astype(np.uint16), 8), out=o16)
             else:
                 view[:, p] = plane
 
