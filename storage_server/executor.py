@@ -328,18 +328,16 @@ class Executor(DirectRuns):
                 lane = GatherLane(self._lane, plan.rows, plan.first_rows, split, layers[1:], d.per_layer_chunk_bytes,  # type: ignore[arg-type]
                                   lambda layer: transport.piece_buffer(layer, 0, split), d.layer_checksums)
             if plan.headers is not None and pacer is None:
-                read_s = await self._notify_decoded(plan, transport, started, layers, timeline)
+                read_s, deliver_s = await self._notify_decoded(plan, transport, started, layers, timeline)
             else:
                 read_s = await self._notify_layers(plan, transport, pacer, started, layers, timeline, lane, split)
+                deliver_s = sum(r[2] - r[1] for r in timeline)
         finally:
             try:
                 if lane is not None:
                     await lane.close()  # before another transfer may take the lane's thread
             finally:
                 self.gathering -= 1
-        # A layer's delivery: from its read's end, or the frame before it where that went later (a layer decoded ahead
-        # waits for it), to its own frame.
-        deliver_s = sum(r[2] - max(r[1], prev[2]) for prev, r in zip([[0.0, 0.0, 0.0], *timeline], timeline) if r[2])
         first_layer_s = timeline[layers[0]][2] if layers and layers[0] == 0 else 0.0
         return _stats(plan, timeline, read_s, deliver_s, started, first_layer_s)
 
@@ -390,11 +388,12 @@ class Executor(DirectRuns):
         return read_s
 
     async def _notify_decoded(self, plan: ReadPlan, transport: Transport, started: float, layers: range,
-                              timeline: list[list[float]]) -> float:
+                              timeline: list[list[float]]) -> tuple[float, float]:
         """:meth:`_notify_layers` for chunks the node decodes, unpaced: the next DECODE_AHEAD_LAYERS - 1 layers decode
         while this one does (each layer's place in the client's memory is its own), the LAYER frames still in order.
         One layer at a time, a layer of one piece kept one decode thread busy and the others idle. Nothing still
-        decodes into the client's memory once this returns, whatever ended it. The read time is the reads' union."""
+        decodes into the client's memory once this returns, whatever ended it. Returns the read time (the reads' union)
+        and the delivery time (a layer's from its read's end, or the frame before it where that went later)."""
         d = plan.descriptor
         n, k, s = len(plan.fds), plan.piece_chunks, d.per_layer_chunk_bytes
 
@@ -410,7 +409,7 @@ class Executor(DirectRuns):
         ahead: list[asyncio.Future] = []
         current: asyncio.Future | None = None
         todo = iter(layers)
-        read_s = covered = 0.0
+        read_s = deliver_s = covered = last_frame = 0.0
         try:
             for layer in layers:
                 while len(ahead) < DECODE_AHEAD_LAYERS and (nxt := next(todo, None)) is not None:
@@ -424,11 +423,13 @@ class Executor(DirectRuns):
                     await transport.layer_ready(layer, crc)
                 elif transport.frames.queued():
                     await transport.frames.flushed()  # the client is a socket buffer behind: no reading ahead of it
-                timeline[layer][2] = time.perf_counter() - started
+                now = time.perf_counter() - started
+                deliver_s += now - max(timeline[layer][1], last_frame)  # a layer decoded ahead waited for that frame
+                timeline[layer][2] = last_frame = now
         finally:
             rest = ahead + ([current] if current is not None else [])
             for task in rest:
                 task.cancel()
             if rest:  # a decode cancelled mid-layer returns only once its stage threads have (DecodePipeline.decode)
                 await _settled(asyncio.gather(*rest, return_exceptions=True))
-        return read_s
+        return read_s, deliver_s
